@@ -1,0 +1,120 @@
+//! The contract every storage backend implements, and the fenced-finalize-with-hooks procedure
+//! built on it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::error::Result;
+use crate::types::{
+    CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize, FinalizeOutcome, JobId,
+    JobRecord, NewJob, QueueCounts, QueueName,
+};
+
+/// A transaction of a backend: the fenced write and every hook commit together or not at all.
+///
+/// Dropping a transaction without committing rolls it back.
+pub trait BackendTx: Send + 'static {
+    /// Makes everything done in the transaction durable and visible.
+    fn commit(self) -> impl Future<Output = Result<()>> + Send;
+    /// Discards everything done in the transaction.
+    fn rollback(self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A queue's storage: one queue (a queue name in a table) of one backend.
+///
+/// Implementations: `queue_core::MemoryBackend` here, `queue_postgres::PgQueue` for PostgreSQL.
+/// Every implementation must pass the conformance suite (`queue_core::conformance`, feature
+/// `conformance`), which is the executable form of the guarantees below.
+///
+/// # Guarantees
+/// * **Claim** ([`Backend::claim`]) takes, in one atomic step, jobs that are either `pending` and
+///   due, or `in_flight` with an expired lease (`claimed_at` missing or older than the lease, by
+///   the backend's clock), in `next_attempt_at` then `priority` order. It bumps `attempts` and
+///   `claim_generation`, stamps `claimed_at`, and never hands one job to two concurrent claims.
+/// * **Every lease-holder write** ([`Backend::finalize_in`], [`Backend::finalize_many`],
+///   [`Backend::extend_lease`]) is a compare-and-set on `(id, status = in_flight,
+///   claim_generation)` and reports [`FinalizeOutcome::Stale`] when it did nothing.
+/// * Clock: lease arithmetic uses the backend's clock only, never the caller's.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// The transaction type in which finalizes and hooks run. Hooks receive `&mut Self::Tx` so
+    /// they can stage their own writes (an outbox row, a domain status) atomically with the job.
+    type Tx: BackendTx;
+
+    /// The queue this handle serves.
+    fn queue(&self) -> &QueueName;
+
+    /// Enqueues one job.
+    fn enqueue(&self, job: NewJob) -> impl Future<Output = Result<Enqueued>> + Send;
+
+    /// Enqueues many jobs in one round trip and one transaction; results in input order.
+    fn enqueue_many(&self, jobs: Vec<NewJob>)
+    -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
+
+    /// Enqueues one job inside the caller's transaction: it becomes visible, and claimable, only
+    /// when that transaction commits.
+    fn enqueue_in(
+        &self,
+        tx: &mut Self::Tx,
+        job: NewJob,
+    ) -> impl Future<Output = Result<Enqueued>> + Send;
+
+    /// Opens a transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx>> + Send;
+
+    /// Claims up to `request.batch_size` jobs (see the trait docs for the semantics). Jobs whose
+    /// lease expired after `request.max_reclaims` takeovers are moved to `dead` and reported in
+    /// [`ClaimBatch::dead`] instead.
+    fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<ClaimBatch>> + Send;
+
+    /// Applies `action` to the claimed job inside `tx`, fenced on `(id, in_flight, generation)`.
+    fn finalize_in(
+        &self,
+        tx: &mut Self::Tx,
+        claim: Claim,
+        action: &Finalize,
+    ) -> impl Future<Output = Result<FinalizeOutcome>> + Send;
+
+    /// Applies `action` in its own transaction. Same fence as [`Backend::finalize_in`].
+    fn finalize(
+        &self,
+        claim: Claim,
+        action: &Finalize,
+    ) -> impl Future<Output = Result<FinalizeOutcome>> + Send {
+        async move {
+            let mut tx = self.begin().await?;
+            let outcome = self.finalize_in(&mut tx, claim, action).await?;
+            tx.commit().await?;
+            Ok(outcome)
+        }
+    }
+
+    /// Applies many fenced writes at once (one statement where the backend can), one outcome per
+    /// item in input order. For jobs without hooks; each item is fenced on its own.
+    fn finalize_many(
+        &self,
+        items: &[(Claim, Finalize)],
+    ) -> impl Future<Output = Result<Vec<FinalizeOutcome>>> + Send;
+
+    /// Heartbeat: restamps `claimed_at` with the backend's clock so the lease runs anew. Fenced
+    /// like a finalizer; `Stale` means the lease was already lost.
+    fn extend_lease(&self, claim: Claim) -> impl Future<Output = Result<FinalizeOutcome>> + Send;
+
+    /// Administrative cancel of a job that is still `pending`. A job in flight can only be ended
+    /// by its lease holder ([`Finalize::Cancel`]), so this never races a running handler.
+    fn cancel(&self, id: JobId) -> impl Future<Output = Result<CancelOutcome>> + Send;
+
+    /// Reads one job of this queue.
+    fn get(&self, id: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
+
+    /// Counts this queue's jobs by status.
+    fn counts(&self) -> impl Future<Output = Result<QueueCounts>> + Send;
+
+    /// A signal the backend fires when new work may be available (an in-process enqueue, a
+    /// PostgreSQL `NOTIFY`). Workers wait on it as well as on their poll interval. `None` means
+    /// polling only.
+    fn wake_signal(&self) -> Option<Arc<Notify>> {
+        None
+    }
+}

@@ -1,0 +1,105 @@
+//! The crate's error type. Losing a lease is not an error: see [`crate::FinalizeOutcome`].
+
+use std::time::Duration;
+
+/// A boxed error from a backend driver or a hook.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the queue core and its backends.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value was refused before anything ran.
+    #[error("invalid queue configuration: {0}")]
+    Config(#[from] ConfigError),
+
+    /// The backend (database, driver, connection) failed. `transient` says whether trying again
+    /// later can help (a dropped connection, a pool timeout, a serialization failure).
+    #[error("queue backend error: {source}")]
+    Backend {
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+        /// Whether a retry can succeed.
+        transient: bool,
+    },
+
+    /// A finalize hook failed; the whole finalize (the fenced write included) was rolled back.
+    #[error("finalize hook `{hook}` failed: {source}")]
+    Hook {
+        /// The failing hook's name.
+        hook: String,
+        /// What it reported.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A payload could not be (de)serialised.
+    #[error("job payload is not valid JSON for this job type: {0}")]
+    Payload(#[source] serde_json::Error),
+
+    /// The worker runtime was shut down while the call waited.
+    #[error("the worker has shut down")]
+    Shutdown,
+}
+
+impl Error {
+    /// Wraps a driver error; `transient` as the driver's mapping decides.
+    pub fn backend(source: impl Into<BoxError>, transient: bool) -> Self {
+        Error::Backend {
+            source: source.into(),
+            transient,
+        }
+    }
+
+    /// True when trying again later can succeed (connection loss, pool exhaustion, …).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Backend {
+                transient: true,
+                ..
+            }
+        )
+    }
+}
+
+/// A configuration value that was refused, with what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A zero lease would make every claim immediately stealable.
+    #[error("the lease must be longer than zero")]
+    ZeroLease,
+    /// A lease over a day is almost certainly a unit mistake.
+    #[error("a lease of {0:?} is longer than one day; is the unit right?")]
+    LeaseTooLong(Duration),
+    /// A queue name outside the allowed characters or lengths.
+    #[error("invalid queue name {0:?}: use 1 to 128 ASCII letters, digits, '_', '-', '.' or ':'")]
+    InvalidQueueName(String),
+    /// The per-job timeout leaves no margin inside the lease.
+    #[error(
+        "the lease ({lease:?}) must be at least twice the job timeout ({timeout:?}): otherwise a \
+         job still running can be claimed by a second worker"
+    )]
+    LeaseTooShortForTimeout {
+        /// The configured lease.
+        lease: Duration,
+        /// The configured per-job timeout.
+        timeout: Duration,
+    },
+    /// A value that must be positive was zero.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    /// A value out of its allowed range.
+    #[error("{name} is out of range: {detail}")]
+    OutOfRange {
+        /// Which setting.
+        name: &'static str,
+        /// Why.
+        detail: String,
+    },
+}

@@ -1,0 +1,274 @@
+//! Handlers and the typed intent they return.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::BoxError;
+use crate::types::{Claim, ClaimGeneration, ClaimedJob, JobId, QueueName};
+
+/// The code that runs a job.
+///
+/// Return `Ok(())` when the job is done, or a [`JobError`] that says what should happen next:
+/// retry under the [`crate::RetryPolicy`], retry after a given delay, fail terminally or cancel.
+/// Any `std::error::Error` converts into a retryable `JobError` with `?`; use
+/// [`ResultExt::fatal`] for errors that retrying cannot fix.
+///
+/// ```
+/// use queue_core::{Handler, JobContext, JobError, ResultExt};
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Resize { width: u32 }
+///
+/// struct Resizer;
+///
+/// impl Handler for Resizer {
+///     type Payload = Resize;
+///     async fn handle(&self, ctx: JobContext, job: Resize) -> Result<(), JobError> {
+///         if job.width == 0 {
+///             return Err(JobError::fatal("width 0 can never succeed"));
+///         }
+///         let parsed: u32 = "640".parse().fatal()?; // a parse error is not worth a retry
+///         std::fs::metadata("/").retryable()?;      // an I/O error may pass
+///         if ctx.cancellation().is_cancelled() {
+///             return Err(JobError::retry("lease lost, stopping early"));
+///         }
+///         let _ = parsed;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// The job's arguments, deserialised from the stored JSON payload. A payload that does not
+    /// fit fails the job terminally with the event `queue.payload_malformed`; the row keeps the
+    /// payload for inspection.
+    type Payload: DeserializeOwned + Send + 'static;
+
+    /// Runs one job.
+    fn handle(
+        &self,
+        ctx: JobContext,
+        payload: Self::Payload,
+    ) -> impl Future<Output = Result<(), JobError>> + Send;
+
+    /// Whether jobs of this handler may run longer than the lease allows. When true, the worker
+    /// heartbeats (`extend_lease`) every third of the lease and the job timeout is not bounded by
+    /// the lease; when a heartbeat finds the lease lost, the context's cancellation token fires.
+    fn runs_long(&self) -> bool {
+        false
+    }
+}
+
+/// What a handler is told about the job it runs, and how it learns that it should stop.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    queue: QueueName,
+    id: JobId,
+    generation: ClaimGeneration,
+    attempts: i32,
+    reclaims: i32,
+    claimed_at: DateTime<Utc>,
+    cancellation: CancellationToken,
+}
+
+impl JobContext {
+    /// The context of `job` in `queue`, cancelled through `cancellation`. The worker builds
+    /// these; tests of a handler can too.
+    pub fn new(queue: QueueName, job: &ClaimedJob, cancellation: CancellationToken) -> Self {
+        JobContext {
+            queue,
+            id: job.id,
+            generation: job.generation,
+            attempts: job.attempts,
+            reclaims: job.reclaims,
+            claimed_at: job.claimed_at,
+            cancellation,
+        }
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// The generation of this claim: send it to downstream systems as a diagnostic, never use it
+    /// as an idempotency key (it changes on every claim; use a key of the job's own).
+    pub fn generation(&self) -> ClaimGeneration {
+        self.generation
+    }
+
+    /// The fence token of this run.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            id: self.id,
+            generation: self.generation,
+        }
+    }
+
+    /// Claims so far, this one included.
+    pub fn attempts(&self) -> i32 {
+        self.attempts
+    }
+
+    /// Claims that took the job over from an expired lease.
+    pub fn reclaims(&self) -> i32 {
+        self.reclaims
+    }
+
+    /// When this claim was stamped, by the backend's clock.
+    pub fn claimed_at(&self) -> DateTime<Utc> {
+        self.claimed_at
+    }
+
+    /// Fires when the handler should stop: the lease was lost (a heartbeat came back stale) or a
+    /// shutdown deadline passed. Whatever the handler writes afterwards is fenced anyway; the
+    /// token lets it stop spending effort, and stop external side effects that the fence cannot
+    /// reach.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancellation
+    }
+}
+
+/// What should happen after a failed run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorAction {
+    /// Retry under the worker's retry policy (backoff, max attempts).
+    Retry,
+    /// Retry after this delay (still bounded by max attempts).
+    RetryAfter(Duration),
+    /// Fail terminally now.
+    Fatal,
+    /// Cancel the job: it must not run again, and it did not fail.
+    Cancel,
+}
+
+/// A handler's failure, carrying the intent for what happens next.
+pub struct JobError {
+    action: ErrorAction,
+    source: BoxError,
+}
+
+impl JobError {
+    /// A failure with an explicit intent.
+    pub fn new(action: ErrorAction, source: impl Into<BoxError>) -> Self {
+        JobError {
+            action,
+            source: source.into(),
+        }
+    }
+
+    /// A failure worth retrying under the retry policy.
+    pub fn retry(source: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::Retry, source)
+    }
+
+    /// A failure worth retrying after `delay`.
+    pub fn retry_after(delay: Duration, source: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::RetryAfter(delay), source)
+    }
+
+    /// A failure no retry can fix.
+    pub fn fatal(source: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::Fatal, source)
+    }
+
+    /// The job should not run again (it became moot).
+    pub fn cancel(reason: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::Cancel, reason)
+    }
+
+    /// The intent.
+    pub fn action(&self) -> ErrorAction {
+        self.action
+    }
+
+    /// The underlying error.
+    pub fn source_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobError")
+            .field("action", &self.action)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+/// `?` on any standard error gives a retryable [`JobError`]. (Like `anyhow::Error`, `JobError`
+/// does not implement `std::error::Error` itself, which is what makes this blanket conversion
+/// possible.)
+impl<E> From<E> for JobError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(err: E) -> Self {
+        JobError::retry(err)
+    }
+}
+
+/// Marks the intent of an error at the point where it happens.
+pub trait ResultExt<T> {
+    /// The error is worth retrying under the retry policy.
+    fn retryable(self) -> Result<T, JobError>;
+    /// The error is worth retrying after `delay`.
+    fn retry_after(self, delay: Duration) -> Result<T, JobError>;
+    /// The error cannot be fixed by retrying: fail terminally.
+    fn fatal(self) -> Result<T, JobError>;
+}
+
+impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
+    fn retryable(self) -> Result<T, JobError> {
+        self.map_err(JobError::retry)
+    }
+
+    fn retry_after(self, delay: Duration) -> Result<T, JobError> {
+        self.map_err(|e| JobError::retry_after(delay, e))
+    }
+
+    fn fatal(self) -> Result<T, JobError> {
+        self.map_err(JobError::fatal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<u32, JobError> {
+        Ok(s.parse::<u32>()?)
+    }
+
+    #[test]
+    fn question_mark_defaults_to_retry_and_helpers_set_intent() {
+        assert_eq!(parse("x").unwrap_err().action(), ErrorAction::Retry);
+        let fatal: Result<u32, JobError> = "x".parse::<u32>().fatal();
+        assert_eq!(fatal.unwrap_err().action(), ErrorAction::Fatal);
+        let later: Result<(), JobError> = Err::<(), _>("busy").retry_after(Duration::from_secs(3));
+        let err = later.unwrap_err();
+        assert_eq!(
+            err.action(),
+            ErrorAction::RetryAfter(Duration::from_secs(3))
+        );
+        assert_eq!(err.to_string(), "busy");
+        assert_eq!(JobError::cancel("moot").action(), ErrorAction::Cancel);
+    }
+}

@@ -1,0 +1,590 @@
+//! The in-memory backend: fully conforming, for adopters' unit tests and for demos.
+//!
+//! One [`MemoryBackend`] store can hold several queues ([`MemoryBackend::with_queue`]). Its clock
+//! is the system clock plus an offset that tests move with [`MemoryBackend::advance_clock`]:
+//! leases expire without sleeping.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
+
+use crate::backend::{Backend, BackendTx};
+use crate::error::Result;
+use crate::types::{
+    CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName, RunAt,
+};
+
+/// The last error written when a claim buries a job past the reclaim cap.
+pub(crate) fn reclaim_cap_message(reclaims: i32) -> String {
+    format!("lease expired after {reclaims} reclaims: reclaim cap reached, moved to dead")
+}
+
+/// A queue held in process memory. Cloning gives another handle on the same store and queue.
+///
+/// ```
+/// use queue_core::{Backend, ClaimRequest, Finalize, FinalizeOutcome, Lease, MemoryBackend, NewJob};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> queue_core::Result<()> {
+/// let queue = MemoryBackend::new();
+/// queue.enqueue(NewJob::new(&"hello")?).await?;
+/// let batch = queue.claim(ClaimRequest::new(10, Lease::DEFAULT)).await?;
+/// let job = &batch.jobs[0];
+/// assert_eq!(queue.finalize(job.claim(), &Finalize::Complete).await?, FinalizeOutcome::Applied);
+/// // The same claim cannot write twice: the job is no longer in flight.
+/// assert_eq!(queue.finalize(job.claim(), &Finalize::Complete).await?, FinalizeOutcome::Stale);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    store: Arc<Store>,
+    queue: QueueName,
+}
+
+struct Store {
+    state: Arc<Mutex<State>>,
+    clock_offset: StdMutex<chrono::Duration>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: i64,
+    jobs: HashMap<i64, JobRecord>,
+    /// Pending jobs per queue, in claim order.
+    due: BTreeMap<String, BTreeSet<(DateTime<Utc>, i16, i64)>>,
+    /// In-flight jobs per queue (few: bounded by the workers' concurrency).
+    in_flight: BTreeMap<String, BTreeSet<i64>>,
+    unique: HashMap<(String, String), i64>,
+}
+
+impl State {
+    fn unindex(&mut self, job: &JobRecord) {
+        match job.status {
+            JobStatus::Pending => {
+                if let Some(set) = self.due.get_mut(&job.queue) {
+                    set.remove(&(job.next_attempt_at, job.priority, job.id.0));
+                }
+            }
+            JobStatus::InFlight => {
+                if let Some(set) = self.in_flight.get_mut(&job.queue) {
+                    set.remove(&job.id.0);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn index(&mut self, job: &JobRecord) {
+        match job.status {
+            JobStatus::Pending => {
+                self.due.entry(job.queue.clone()).or_default().insert((
+                    job.next_attempt_at,
+                    job.priority,
+                    job.id.0,
+                ));
+            }
+            JobStatus::InFlight => {
+                self.in_flight
+                    .entry(job.queue.clone())
+                    .or_default()
+                    .insert(job.id.0);
+            }
+            _ => {}
+        }
+    }
+
+    /// Replaces (or inserts, or with `None` removes) a row, keeping the indexes in step, and
+    /// returns the previous row for an undo log.
+    fn put(&mut self, id: i64, row: Option<JobRecord>) -> Option<JobRecord> {
+        let old = self.jobs.remove(&id);
+        if let Some(old) = &old {
+            self.unindex(old);
+            if let Some(key) = &old.unique_key {
+                self.unique.remove(&(old.queue.clone(), key.clone()));
+            }
+        }
+        if let Some(row) = row {
+            self.index(&row);
+            if let Some(key) = &row.unique_key {
+                self.unique.insert((row.queue.clone(), key.clone()), id);
+            }
+            self.jobs.insert(id, row);
+        }
+        old
+    }
+
+    fn insert(&mut self, queue: &QueueName, job: NewJob, now: DateTime<Utc>) -> (Enqueued, i64) {
+        if let Some(key) = &job.unique_key
+            && let Some(&id) = self.unique.get(&(queue.as_str().to_owned(), key.clone()))
+        {
+            return (
+                Enqueued {
+                    id: JobId(id),
+                    duplicate: true,
+                },
+                id,
+            );
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        let row = JobRecord {
+            id: JobId(id),
+            queue: queue.as_str().to_owned(),
+            status: JobStatus::Pending,
+            payload: job.payload,
+            priority: job.priority,
+            attempts: 0,
+            reclaims: 0,
+            next_attempt_at: resolve(job.run_at, now),
+            claimed_at: None,
+            claim_generation: ClaimGeneration(0),
+            last_error: None,
+            unique_key: job.unique_key,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        };
+        self.put(id, Some(row));
+        (
+            Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            },
+            id,
+        )
+    }
+
+    /// The fenced write: applies only to a job of `queue` in flight under `claim.generation`.
+    /// Returns the previous row when it applied.
+    fn finalize(
+        &mut self,
+        queue: &QueueName,
+        claim: Claim,
+        action: &Finalize,
+        now: DateTime<Utc>,
+    ) -> Option<JobRecord> {
+        let current = self.jobs.get(&claim.id.0)?;
+        if current.queue != queue.as_str()
+            || current.status != JobStatus::InFlight
+            || current.claim_generation != claim.generation
+        {
+            return None;
+        }
+        let mut row = current.clone();
+        row.status = action.target_status();
+        row.updated_at = now;
+        match action {
+            Finalize::Complete => {}
+            Finalize::FailTerminal { error } => row.last_error = Some(error.clone()),
+            Finalize::Cancel { reason } => row.last_error = Some(reason.clone()),
+            Finalize::RetryAt { at, error } => {
+                row.next_attempt_at = resolve(*at, now);
+                row.last_error = Some(error.clone());
+            }
+            Finalize::Release => row.attempts -= 1,
+        }
+        if row.status.is_terminal() {
+            row.finished_at = Some(now);
+        }
+        self.put(claim.id.0, Some(row))
+    }
+}
+
+fn resolve(run_at: RunAt, now: DateTime<Utc>) -> DateTime<Utc> {
+    match run_at {
+        RunAt::Now => now,
+        RunAt::After(delay) => {
+            now + chrono::Duration::from_std(delay).unwrap_or(chrono::TimeDelta::MAX)
+        }
+        RunAt::At(at) => at,
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store, serving the queue `default`.
+    pub fn new() -> Self {
+        MemoryBackend {
+            store: Arc::new(Store {
+                state: Arc::new(Mutex::new(State::default())),
+                clock_offset: StdMutex::new(chrono::Duration::zero()),
+                wake: Arc::new(Notify::new()),
+            }),
+            queue: QueueName::default(),
+        }
+    }
+
+    /// Another handle on the same store, serving `queue`.
+    pub fn with_queue(&self, queue: QueueName) -> Self {
+        MemoryBackend {
+            store: self.store.clone(),
+            queue,
+        }
+    }
+
+    /// The backend's clock: system time plus the offset moved by [`MemoryBackend::advance_clock`].
+    pub fn now(&self) -> DateTime<Utc> {
+        Utc::now() + *self.store.clock_offset.lock().expect("clock lock")
+    }
+
+    /// Moves the backend's clock forward, so that leases expire and scheduled jobs become due
+    /// without sleeping.
+    pub fn advance_clock(&self, by: Duration) {
+        let by = chrono::Duration::from_std(by).expect("clock advance out of range");
+        *self.store.clock_offset.lock().expect("clock lock") += by;
+    }
+
+    /// Stores a row as given (its `queue` is set to this handle's queue; a new id is assigned).
+    /// For tests that need states no public operation produces, such as a legacy in-flight row
+    /// with no `claimed_at`.
+    pub async fn import(&self, mut record: JobRecord) -> JobId {
+        let mut state = self.store.state.lock().await;
+        state.next_id += 1;
+        let id = state.next_id;
+        record.id = JobId(id);
+        record.queue = self.queue.as_str().to_owned();
+        state.put(id, Some(record));
+        JobId(id)
+    }
+
+    /// Stores a legacy in-flight row, as a pre-lease release leaves them: `in_flight`, no
+    /// `claimed_at`, generation 0, one attempt, due an hour ago. For tests of the upgrade path.
+    pub async fn import_legacy_in_flight(&self, payload: Value) -> JobId {
+        let now = self.now();
+        self.import(JobRecord {
+            id: JobId(0),
+            queue: String::new(),
+            status: JobStatus::InFlight,
+            payload,
+            priority: 0,
+            attempts: 1,
+            reclaims: 0,
+            next_attempt_at: now - chrono::Duration::hours(1),
+            claimed_at: None,
+            claim_generation: ClaimGeneration(0),
+            last_error: None,
+            unique_key: None,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        })
+        .await
+    }
+
+    fn wake(&self) {
+        self.store.wake.notify_waiters();
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+type CommitEffect = Box<dyn FnOnce() + Send>;
+
+/// A transaction of the in-memory backend.
+///
+/// It holds the store's lock from [`Backend::begin`] until commit or rollback, so everything in
+/// it is atomic and isolated. While it is open, other operations on the same store wait: a hook
+/// must therefore write through the transaction ([`Backend::enqueue_in`], [`MemoryTx::on_commit`])
+/// and never through a second handle, which would wait forever.
+pub struct MemoryTx {
+    state: Option<OwnedMutexGuard<State>>,
+    undo: Vec<(i64, Option<JobRecord>)>,
+    on_commit: Vec<CommitEffect>,
+    wake: Option<Arc<Notify>>,
+    now: DateTime<Utc>,
+}
+
+impl MemoryTx {
+    /// Runs `effect` after the transaction commits, and never if it rolls back: how an in-memory
+    /// hook stages domain writes (a status map, an outbox vector) atomically with the job.
+    pub fn on_commit(&mut self, effect: impl FnOnce() + Send + 'static) {
+        self.on_commit.push(Box::new(effect));
+    }
+
+    fn state(&mut self) -> &mut State {
+        self.state.as_mut().expect("transaction already finished")
+    }
+
+    fn undo_all(&mut self) {
+        if let Some(state) = self.state.as_mut() {
+            for (id, row) in self.undo.drain(..).rev() {
+                state.put(id, row);
+            }
+        }
+        self.on_commit.clear();
+    }
+}
+
+impl Drop for MemoryTx {
+    fn drop(&mut self) {
+        // Dropped without commit: roll back, as a database transaction would.
+        self.undo_all();
+    }
+}
+
+impl BackendTx for MemoryTx {
+    async fn commit(mut self) -> Result<()> {
+        self.undo.clear();
+        self.state.take();
+        for effect in self.on_commit.drain(..) {
+            effect();
+        }
+        if let Some(wake) = self.wake.take() {
+            wake.notify_waiters();
+        }
+        Ok(())
+    }
+
+    async fn rollback(mut self) -> Result<()> {
+        self.undo_all();
+        Ok(())
+    }
+}
+
+impl Backend for MemoryBackend {
+    type Tx = MemoryTx;
+
+    fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        let now = self.now();
+        let (enqueued, _) = self.store.state.lock().await.insert(&self.queue, job, now);
+        self.wake();
+        Ok(enqueued)
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let out = jobs
+            .into_iter()
+            .map(|job| state.insert(&self.queue, job, now).0)
+            .collect();
+        drop(state);
+        self.wake();
+        Ok(out)
+    }
+
+    async fn enqueue_in(&self, tx: &mut MemoryTx, job: NewJob) -> Result<Enqueued> {
+        let now = tx.now;
+        let (enqueued, id) = tx.state().insert(&self.queue, job, now);
+        if !enqueued.duplicate {
+            tx.undo.push((id, None));
+            tx.wake = Some(self.store.wake.clone());
+        }
+        Ok(enqueued)
+    }
+
+    async fn begin(&self) -> Result<MemoryTx> {
+        let guard = self.store.state.clone().lock_owned().await;
+        Ok(MemoryTx {
+            state: Some(guard),
+            undo: Vec::new(),
+            on_commit: Vec::new(),
+            wake: None,
+            now: self.now(),
+        })
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<ClaimBatch> {
+        let now = self.now();
+        let lease = chrono::Duration::from_std(request.lease.duration()).expect("lease in range");
+        let limit = request.batch_size as usize;
+        let mut state = self.store.state.lock().await;
+        let queue = self.queue.as_str();
+
+        // The two picks of the SQL claim: due pending jobs in order, and expired leases.
+        let due: Vec<(DateTime<Utc>, i16, i64)> = state
+            .due
+            .get(queue)
+            .map(|set| {
+                set.iter()
+                    .take_while(|(at, _, _)| *at <= now)
+                    .take(limit)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut expired: Vec<(DateTime<Utc>, i16, i64)> = state
+            .in_flight
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| state.jobs.get(id))
+            .filter(|job| job.claimed_at.is_none_or(|at| at < now - lease))
+            .map(|job| (job.next_attempt_at, job.priority, job.id.0))
+            .collect();
+        expired.sort();
+
+        let mut batch = ClaimBatch::default();
+        let mut live: Vec<(DateTime<Utc>, i16, i64)> = due;
+        for key in expired {
+            let job = &state.jobs[&key.2];
+            if job.reclaims >= request.max_reclaims as i32 {
+                let mut row = job.clone();
+                row.status = JobStatus::Dead;
+                row.claim_generation.0 += 1;
+                row.last_error = Some(reclaim_cap_message(row.reclaims));
+                row.updated_at = now;
+                row.finished_at = Some(now);
+                state.put(key.2, Some(row));
+                batch.dead.push(JobId(key.2));
+            } else {
+                live.push(key);
+            }
+        }
+        live.sort();
+        live.truncate(limit);
+
+        for (_, _, id) in live {
+            let mut row = state.jobs[&id].clone();
+            if row.status == JobStatus::InFlight {
+                row.reclaims += 1;
+            }
+            row.status = JobStatus::InFlight;
+            row.attempts += 1;
+            row.claim_generation.0 += 1;
+            row.claimed_at = Some(now);
+            row.updated_at = now;
+            batch.jobs.push(ClaimedJob {
+                id: row.id,
+                generation: row.claim_generation,
+                attempts: row.attempts,
+                reclaims: row.reclaims,
+                claimed_at: now,
+                priority: row.priority,
+                payload: row.payload.clone(),
+            });
+            state.put(id, Some(row));
+        }
+        drop(state);
+        for id in &batch.dead {
+            crate::events::job_dead(&self.queue, *id);
+        }
+        Ok(batch)
+    }
+
+    async fn finalize_in(
+        &self,
+        tx: &mut MemoryTx,
+        claim: Claim,
+        action: &Finalize,
+    ) -> Result<FinalizeOutcome> {
+        let now = tx.now;
+        let previous = tx.state().finalize(&self.queue, claim, action, now);
+        Ok(match previous {
+            Some(previous) => {
+                tx.undo.push((claim.id.0, Some(previous)));
+                if matches!(action, Finalize::Release | Finalize::RetryAt { .. }) {
+                    tx.wake = Some(self.store.wake.clone());
+                }
+                FinalizeOutcome::Applied
+            }
+            None => FinalizeOutcome::Stale,
+        })
+    }
+
+    async fn finalize_many(&self, items: &[(Claim, Finalize)]) -> Result<Vec<FinalizeOutcome>> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let outcomes = items
+            .iter()
+            .map(
+                |(claim, action)| match state.finalize(&self.queue, *claim, action, now) {
+                    Some(_) => FinalizeOutcome::Applied,
+                    None => FinalizeOutcome::Stale,
+                },
+            )
+            .collect();
+        drop(state);
+        self.wake();
+        Ok(outcomes)
+    }
+
+    async fn extend_lease(&self, claim: Claim) -> Result<FinalizeOutcome> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let Some(job) = state.jobs.get(&claim.id.0) else {
+            return Ok(FinalizeOutcome::Stale);
+        };
+        if job.queue != self.queue.as_str()
+            || job.status != JobStatus::InFlight
+            || job.claim_generation != claim.generation
+        {
+            return Ok(FinalizeOutcome::Stale);
+        }
+        let mut row = job.clone();
+        row.claimed_at = Some(now);
+        row.updated_at = now;
+        state.put(claim.id.0, Some(row));
+        Ok(FinalizeOutcome::Applied)
+    }
+
+    async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let Some(job) = state
+            .jobs
+            .get(&id.0)
+            .filter(|j| j.queue == self.queue.as_str())
+        else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        match job.status {
+            JobStatus::Pending => {
+                let mut row = job.clone();
+                row.status = JobStatus::Cancelled;
+                row.updated_at = now;
+                row.finished_at = Some(now);
+                state.put(id.0, Some(row));
+                Ok(CancelOutcome::Cancelled)
+            }
+            JobStatus::InFlight => Ok(CancelOutcome::InFlight),
+            terminal => Ok(CancelOutcome::AlreadyTerminal(terminal)),
+        }
+    }
+
+    async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
+        let state = self.store.state.lock().await;
+        Ok(state
+            .jobs
+            .get(&id.0)
+            .filter(|j| j.queue == self.queue.as_str())
+            .cloned())
+    }
+
+    async fn counts(&self) -> Result<QueueCounts> {
+        let state = self.store.state.lock().await;
+        let mut counts = QueueCounts::default();
+        for job in state
+            .jobs
+            .values()
+            .filter(|j| j.queue == self.queue.as_str())
+        {
+            counts.add(job.status, 1);
+        }
+        Ok(counts)
+    }
+
+    fn wake_signal(&self) -> Option<Arc<Notify>> {
+        Some(self.store.wake.clone())
+    }
+}

@@ -1,0 +1,335 @@
+//! Runtime behaviour that is the core's own (the same for every backend): stale-fence events,
+//! heartbeats and lease loss, timeouts, panics. Runs on the in-memory backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tracing::instrument::WithSubscriber;
+
+use crate::events::capture::Captured;
+use crate::{
+    Backend, ClaimRequest, Finalize, FinalizeOutcome, Handler, Hooks, JobContext, JobError,
+    JobStatus, Lease, MemoryBackend, NewJob, RetryPolicy, Worker, WorkerConfig,
+    finalize_with_hooks,
+};
+
+fn no_backoff(config: WorkerConfig) -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(10),
+        retry: RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::ZERO,
+            max_delay: Duration::ZERO,
+            jitter: false,
+        },
+        ..config
+    }
+}
+
+#[tokio::test]
+async fn a_stale_finalize_emits_the_fenced_event_with_its_fields() {
+    let captured = Captured::default();
+    async {
+        let queue = MemoryBackend::new();
+        queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+        let lease = Lease::from_secs(10).unwrap();
+        let old = queue
+            .claim(ClaimRequest::new(1, lease))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        queue.advance_clock(Duration::from_secs(11));
+        let _new = queue
+            .claim(ClaimRequest::new(1, lease))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        let outcome = finalize_with_hooks(&queue, &Hooks::new(), &old, &Finalize::Complete)
+            .await
+            .unwrap();
+        assert_eq!(outcome, FinalizeOutcome::Stale);
+    }
+    .with_subscriber(captured.subscriber())
+    .await;
+    assert_eq!(captured.count(crate::events::STALE_FINALIZE_FENCED), 1);
+}
+
+/// Blocks until its lease is lost, then reports whether the token fired.
+struct WaitsForLeaseLoss {
+    started: Arc<Notify>,
+    saw_cancel: Arc<AtomicU32>,
+}
+
+impl Handler for WaitsForLeaseLoss {
+    type Payload = Value;
+    async fn handle(&self, ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        ctx.cancellation().cancelled().await;
+        self.saw_cancel.fetch_add(1, Ordering::SeqCst);
+        Err(JobError::retry("stopped: lease lost"))
+    }
+    fn runs_long(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_finds_the_lease_lost_cancels_the_handler_and_the_write_is_fenced() {
+    let captured = Captured::default();
+    // A current-thread runtime runs the worker's tasks on this thread, so a thread-local
+    // subscriber sees their events.
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    {
+        let queue = MemoryBackend::new();
+        let id = queue
+            .enqueue(NewJob::from_value(json!({})))
+            .await
+            .unwrap()
+            .id;
+        let started = Arc::new(Notify::new());
+        let saw_cancel = Arc::new(AtomicU32::new(0));
+        let lease = Lease::from_secs(30).unwrap();
+        let config = WorkerConfig {
+            lease,
+            job_timeout: Duration::from_secs(3600),
+            ..no_backoff(WorkerConfig::default())
+        };
+        let handler = WaitsForLeaseLoss {
+            started: started.clone(),
+            saw_cancel: saw_cancel.clone(),
+        };
+        let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+        started.notified().await;
+        // Another worker takes the job over after the (backend) clock passed the lease.
+        queue.advance_clock(Duration::from_secs(31));
+        let thief = queue
+            .claim(ClaimRequest::new(1, lease))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        assert_eq!(thief.id, id);
+        // The next heartbeat (every lease / 3 of tokio time) comes back stale.
+        let stats = worker.wait_for(|s| s.stale == 1).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(
+            saw_cancel.load(Ordering::SeqCst),
+            1,
+            "the handler was not told"
+        );
+        assert_eq!(stats.retried, 0, "the stale holder's retry must not apply");
+        let row = queue.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, JobStatus::InFlight);
+        assert_eq!(row.claim_generation, thief.generation);
+    }
+    drop(guard);
+    assert_eq!(captured.count(crate::events::LEASE_LOST), 1);
+    assert_eq!(captured.count(crate::events::STALE_FINALIZE_FENCED), 1);
+}
+
+#[tokio::test]
+async fn heartbeat_keeps_a_long_job_past_its_lease() {
+    // Real (unpaused) time is not needed: the heartbeat is what the test checks, through the
+    // backend clock. Claim, heartbeat via the runtime's own API, and see no takeover.
+    let queue = MemoryBackend::new();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    let lease = Lease::from_secs(30).unwrap();
+    let job = queue
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    for _ in 0..5 {
+        queue.advance_clock(Duration::from_secs(20));
+        assert!(queue.extend_lease(job.claim()).await.unwrap().is_applied());
+        assert!(
+            queue
+                .claim(ClaimRequest::new(1, lease))
+                .await
+                .unwrap()
+                .jobs
+                .is_empty()
+        );
+    }
+}
+
+struct Sleeps;
+
+impl Handler for Sleeps {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_past_the_job_timeout_counts_as_a_handler_error() {
+    let captured = Captured::default();
+    // A current-thread runtime runs the worker's tasks on this thread, so a thread-local
+    // subscriber sees their events.
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    {
+        let queue = MemoryBackend::new();
+        let id = queue
+            .enqueue(NewJob::from_value(json!({})))
+            .await
+            .unwrap()
+            .id;
+        let config = WorkerConfig {
+            job_timeout: Duration::from_secs(5),
+            ..no_backoff(WorkerConfig::default())
+        };
+        let config = WorkerConfig {
+            retry: RetryPolicy {
+                max_attempts: 2,
+                ..config.retry
+            },
+            ..config
+        };
+        let worker = Worker::new(queue.clone(), Sleeps, config).unwrap().start();
+        let stats = worker.wait_for(|s| s.failed == 1).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.retried, 1);
+        let row = queue.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, JobStatus::Failed);
+        assert!(row.last_error.unwrap().contains("timed out"));
+    }
+    drop(guard);
+    assert_eq!(captured.count(crate::events::HANDLER_TIMED_OUT), 2);
+}
+
+struct Panics(Arc<AtomicU32>);
+
+impl Handler for Panics {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("handler bug");
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_retried_not_stranded() {
+    let queue = MemoryBackend::new();
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = Worker::new(
+        queue.clone(),
+        Panics(runs.clone()),
+        no_backoff(WorkerConfig::default()),
+    )
+    .unwrap()
+    .start();
+    let stats = worker.wait_for(|s| s.completed == 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!((stats.retried, runs.load(Ordering::SeqCst)), (1, 2));
+    let row = queue.get(id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Completed);
+    assert!(row.last_error.unwrap().contains("panicked"));
+}
+
+struct Stubborn;
+
+impl Handler for Stubborn {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        // Ignores its cancellation token.
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_aborts_handlers_past_the_deadline_and_releases_their_jobs() {
+    let queue = MemoryBackend::new();
+    queue
+        .enqueue_many(
+            (0..2)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        concurrency: 2,
+        shutdown_timeout: Duration::from_secs(2),
+        shutdown_grace: Duration::from_secs(1),
+        ..no_backoff(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), Stubborn, config)
+        .unwrap()
+        .start();
+    worker.wait_for(|s| s.started == 2).await;
+    let report = worker.shutdown().await.unwrap();
+    assert_eq!((report.aborted, report.finished_in_time), (2, 0));
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.in_flight),
+        (2, 0),
+        "aborted jobs must not wait for a lease"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_wakes_on_enqueue_without_waiting_for_the_poll() {
+    let queue = MemoryBackend::new();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    };
+    struct Done;
+    impl Handler for Done {
+        type Payload = Value;
+        async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+    let worker = Worker::new(queue.clone(), Done, config).unwrap().start();
+    // Let the worker make its first (empty) claim and go idle on an hour-long poll.
+    tokio::task::yield_now().await;
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    // Within the test's default timeout this only finishes if the wake-up works.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.wait_for(|s| s.completed == 1),
+    )
+    .await
+    .expect("the enqueue did not wake the idle worker");
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn worker_refuses_a_lease_below_twice_the_timeout() {
+    let config = WorkerConfig {
+        lease: Lease::from_secs(40).unwrap(),
+        job_timeout: Duration::from_secs(30),
+        ..WorkerConfig::default()
+    };
+    struct Quick;
+    impl Handler for Quick {
+        type Payload = Value;
+        async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+    let err = Worker::new(MemoryBackend::new(), Quick, config)
+        .err()
+        .expect("refused");
+    assert!(matches!(
+        err,
+        crate::Error::Config(crate::ConfigError::LeaseTooShortForTimeout { .. })
+    ));
+}

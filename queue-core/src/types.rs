@@ -1,0 +1,603 @@
+//! The values every backend speaks: ids, the fence token, the lease, jobs and outcomes.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::ConfigError;
+
+/// A job's primary key in its queue table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The fence token: how many times a job has been claimed.
+///
+/// Every claim increments it in the same statement that stamps `claimed_at`, so two holders of the
+/// same job always hold different generations. Every write a lease holder makes is a
+/// compare-and-set on `(id, status = in_flight, claim_generation)`: the holder of an older
+/// generation gets [`FinalizeOutcome::Stale`] and writes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClaimGeneration(pub i64);
+
+impl fmt::Display for ClaimGeneration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// How long a claim protects a job from being claimed again.
+///
+/// A job in flight whose `claimed_at` is older than the lease (by the backend's clock) is
+/// claimable again by any worker: this is the whole recovery mechanism, folded into the claim, so
+/// it runs continuously and needs no boot-time sweep. Size it at three times the worst-case
+/// handler time: see [`Lease::DEFAULT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lease(Duration);
+
+/// The default lease: 90 seconds.
+///
+/// Three times the 30 s worst-case handler time that the first adopter (a partner HTTP send, every
+/// send capped at 30 s) has: two full timeouts plus margin for the finalize transaction and pool
+/// waits. A lease shorter than the handler's worst case lets a second worker claim a job that is
+/// still being worked on.
+pub const DEFAULT_LEASE: Lease = Lease(Duration::from_secs(90));
+
+impl Lease {
+    /// The default lease, [`DEFAULT_LEASE`] (90 s).
+    pub const DEFAULT: Lease = DEFAULT_LEASE;
+
+    /// A lease of `duration`; zero is refused (a zero lease would let every claim be stolen at
+    /// once), as is anything longer than a day (almost certainly a unit mistake).
+    pub fn new(duration: Duration) -> Result<Self, ConfigError> {
+        if duration.is_zero() {
+            return Err(ConfigError::ZeroLease);
+        }
+        if duration > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError::LeaseTooLong(duration));
+        }
+        Ok(Lease(duration))
+    }
+
+    /// A lease of whole seconds; see [`Lease::new`].
+    pub fn from_secs(secs: u64) -> Result<Self, ConfigError> {
+        Lease::new(Duration::from_secs(secs))
+    }
+
+    /// The lease as a [`Duration`].
+    pub fn duration(self) -> Duration {
+        self.0
+    }
+
+    /// The lease in seconds, with sub-second precision (how SQL backends bind it).
+    pub fn as_secs_f64(self) -> f64 {
+        self.0.as_secs_f64()
+    }
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        DEFAULT_LEASE
+    }
+}
+
+/// The name of a queue inside a table; one table can hold several queues.
+///
+/// Between 1 and 128 characters out of ASCII letters, digits, `_`, `-`, `.` and `:`. Queue names
+/// are always bound as values, never spliced into SQL; the rule keeps names readable in logs and
+/// metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueName(String);
+
+impl QueueName {
+    /// The queue name used when none is configured.
+    pub const DEFAULT: &'static str = "default";
+
+    /// Validates `name`.
+    pub fn new(name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+        if name.is_empty() || name.len() > 128 || !name.chars().all(valid_char) {
+            return Err(ConfigError::InvalidQueueName(name));
+        }
+        Ok(QueueName(name))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for QueueName {
+    fn default() -> Self {
+        QueueName(Self::DEFAULT.to_owned())
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a job stands. Only `Pending` and `InFlight` are live; the rest are terminal.
+///
+/// See `docs/state-machine.md` for the transitions and which of them are fenced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Waiting until `next_attempt_at`, then claimable.
+    Pending,
+    /// Claimed by a worker; claimable again once its lease has expired.
+    InFlight,
+    /// The handler finished it (terminal).
+    Completed,
+    /// The handler failed it terminally, or it ran out of attempts (terminal).
+    Failed,
+    /// Its lease expired more often than the reclaim cap allows: a poison job that kills its
+    /// worker (terminal, visible, never re-run on its own).
+    Dead,
+    /// Cancelled before it finished (terminal).
+    Cancelled,
+}
+
+impl JobStatus {
+    /// Every status, live ones first.
+    pub const ALL: [JobStatus; 6] = [
+        JobStatus::Pending,
+        JobStatus::InFlight,
+        JobStatus::Completed,
+        JobStatus::Failed,
+        JobStatus::Dead,
+        JobStatus::Cancelled,
+    ];
+
+    /// The text stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::InFlight => "in_flight",
+            JobStatus::Completed => "completed",
+            JobStatus::Failed => "failed",
+            JobStatus::Dead => "dead",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the text stored in the `status` column.
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        JobStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+    }
+
+    /// True for states a job never leaves on its own.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, JobStatus::Pending | JobStatus::InFlight)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// When a job (or a retry) becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAt {
+    /// Due now, by the backend's clock.
+    Now,
+    /// Due this long after now, by the backend's clock (no client clock skew involved).
+    After(Duration),
+    /// Due at this instant, compared with the backend's clock.
+    At(DateTime<Utc>),
+}
+
+/// A job to enqueue. Build it with [`NewJob::new`] and the builder methods.
+///
+/// ```
+/// use std::time::Duration;
+/// use queue_core::{NewJob, RunAt};
+///
+/// let job = NewJob::new(&serde_json::json!({"to": "ops@example.com"}))?
+///     .priority(-1)
+///     .run_at(RunAt::After(Duration::from_secs(30)))
+///     .unique_key("welcome-mail:42");
+/// assert_eq!(job.priority, -1);
+/// # Ok::<(), queue_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// The job's arguments, stored as JSON.
+    pub payload: Value,
+    /// Lower runs first among jobs due at the same instant; default 0.
+    pub priority: i16,
+    /// When the job first becomes due; default [`RunAt::Now`].
+    pub run_at: RunAt,
+    /// With a key, a second enqueue of the same key into the same queue returns the first job's
+    /// id instead of inserting, for as long as the first job's row exists (retention deletes it).
+    pub unique_key: Option<String>,
+}
+
+impl NewJob {
+    /// A job carrying `payload`, serialised to JSON.
+    pub fn new<T: Serialize + ?Sized>(payload: &T) -> crate::Result<Self> {
+        let payload = serde_json::to_value(payload).map_err(crate::Error::Payload)?;
+        Ok(NewJob::from_value(payload))
+    }
+
+    /// A job carrying an already-built JSON payload.
+    pub fn from_value(payload: Value) -> Self {
+        NewJob {
+            payload,
+            priority: 0,
+            run_at: RunAt::Now,
+            unique_key: None,
+        }
+    }
+
+    /// Sets the priority (lower runs first among jobs due at the same instant).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets when the job first becomes due.
+    pub fn run_at(mut self, run_at: RunAt) -> Self {
+        self.run_at = run_at;
+        self
+    }
+
+    /// Sets a unique key (see [`NewJob::unique_key`](NewJob#structfield.unique_key)).
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id: the new one, or the existing one for a duplicate unique key.
+    pub id: JobId,
+    /// True when a job with the same unique key already existed and nothing was inserted.
+    pub duplicate: bool,
+}
+
+/// The fence token of one claim: the job's id and the generation the claim produced.
+///
+/// Every finalizer takes a `Claim`, never a bare id, so a write that ignores the fence cannot be
+/// written. A `Claim` comes only from a backend's claim (or from a record of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Claim {
+    /// The claimed job.
+    pub id: JobId,
+    /// The generation this claim stamped.
+    pub generation: ClaimGeneration,
+}
+
+/// A job as a claim returned it: the payload together with the fence token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedJob {
+    /// The job's id.
+    pub id: JobId,
+    /// The generation stamped by this claim: the fence token for every later write.
+    pub generation: ClaimGeneration,
+    /// How many times the job has been claimed, this claim included (releases do not count).
+    pub attempts: i32,
+    /// How many of those claims took the job over from an expired lease.
+    pub reclaims: i32,
+    /// When this claim was stamped, by the backend's clock.
+    pub claimed_at: DateTime<Utc>,
+    /// The job's priority.
+    pub priority: i16,
+    /// The job's arguments.
+    pub payload: Value,
+}
+
+impl ClaimedJob {
+    /// The fence token for finalizing this claim.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            id: self.id,
+            generation: self.generation,
+        }
+    }
+
+    /// How many earlier attempts ended in a handler error (retry): claims minus this one minus
+    /// lease takeovers. Lease expiries are not handler errors and do not count against
+    /// `max_attempts`; they count against the reclaim cap instead.
+    pub fn handler_errors(&self) -> u32 {
+        u32::try_from(self.attempts - 1 - self.reclaims).unwrap_or(0)
+    }
+}
+
+/// A fenced write that ends (or pauses) a claim. Every variant is applied only when the job is
+/// still in flight under the claim's generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finalize {
+    /// The job is done: `completed`.
+    Complete,
+    /// The job failed for good: `failed`, with the error kept in `last_error`.
+    FailTerminal {
+        /// Why; stored in `last_error`.
+        error: String,
+    },
+    /// Try again later: back to `pending`, due at `at`, with the error kept in `last_error`.
+    RetryAt {
+        /// When the retry becomes due.
+        at: RunAt,
+        /// Why; stored in `last_error`.
+        error: String,
+    },
+    /// Give the job back unstarted: `pending`, keeping its place in line, without counting the
+    /// attempt (graceful shutdown uses this for claims it never started).
+    Release,
+    /// The lease holder decided the job must not run: `cancelled`.
+    Cancel {
+        /// Why; stored in `last_error`.
+        reason: String,
+    },
+}
+
+impl Finalize {
+    /// The status the job is left in when this write applies.
+    pub fn target_status(&self) -> JobStatus {
+        match self {
+            Finalize::Complete => JobStatus::Completed,
+            Finalize::FailTerminal { .. } => JobStatus::Failed,
+            Finalize::RetryAt { .. } | Finalize::Release => JobStatus::Pending,
+            Finalize::Cancel { .. } => JobStatus::Cancelled,
+        }
+    }
+
+    /// A short stable name for logs: `complete`, `fail_terminal`, `retry`, `release`, `cancel`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Finalize::Complete => "complete",
+            Finalize::FailTerminal { .. } => "fail_terminal",
+            Finalize::RetryAt { .. } => "retry",
+            Finalize::Release => "release",
+            Finalize::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// What a fenced write did.
+///
+/// `Stale` is not an error: it means another worker holds the job now (the lease expired and the
+/// job was claimed again) or the job already left `in_flight`. The caller must treat its claim as
+/// lost: roll back, stage no side effect.
+#[must_use = "a Stale outcome means the claim was lost and its side effects must not be staged"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinalizeOutcome {
+    /// The job was in flight under this claim's generation and the write took effect.
+    Applied,
+    /// The fence refused the write: nothing changed.
+    Stale,
+}
+
+impl FinalizeOutcome {
+    /// True for [`FinalizeOutcome::Applied`].
+    pub fn is_applied(self) -> bool {
+        self == FinalizeOutcome::Applied
+    }
+
+    /// Maps a row count from a fenced single-row write (0 or 1) to an outcome.
+    pub fn from_rows_affected(rows: u64) -> Self {
+        if rows > 0 {
+            FinalizeOutcome::Applied
+        } else {
+            FinalizeOutcome::Stale
+        }
+    }
+}
+
+/// What an administrative cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CancelOutcome {
+    /// The job was pending and is now cancelled.
+    Cancelled,
+    /// The job is in flight: only its lease holder can end it (with [`Finalize::Cancel`]).
+    InFlight,
+    /// The job has already ended.
+    AlreadyTerminal(JobStatus),
+    /// No such job in this queue.
+    NotFound,
+}
+
+/// A job's full row, for inspection (tests, admin tools, dashboards).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// The job's id.
+    pub id: JobId,
+    /// The queue it belongs to.
+    pub queue: String,
+    /// Where it stands.
+    pub status: JobStatus,
+    /// Its arguments.
+    pub payload: Value,
+    /// Its priority.
+    pub priority: i16,
+    /// Claims so far (releases do not count).
+    pub attempts: i32,
+    /// Claims that took the job over from an expired lease.
+    pub reclaims: i32,
+    /// When it is (or was) due.
+    pub next_attempt_at: DateTime<Utc>,
+    /// When the current (or last) claim was stamped; `None` if never claimed, or a legacy row.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// The fence token of the current (or last) claim; 0 if never claimed.
+    pub claim_generation: ClaimGeneration,
+    /// The last handler error, fail reason or cancel reason.
+    pub last_error: Option<String>,
+    /// The unique key, if any.
+    pub unique_key: Option<String>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// How many jobs a queue holds in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// `pending`, due or not.
+    pub pending: u64,
+    /// `in_flight`, leases live or expired.
+    pub in_flight: u64,
+    /// `completed`.
+    pub completed: u64,
+    /// `failed`.
+    pub failed: u64,
+    /// `dead`.
+    pub dead: u64,
+    /// `cancelled`.
+    pub cancelled: u64,
+}
+
+impl QueueCounts {
+    /// Adds `n` to the counter of `status`.
+    pub fn add(&mut self, status: JobStatus, n: u64) {
+        let slot = match status {
+            JobStatus::Pending => &mut self.pending,
+            JobStatus::InFlight => &mut self.in_flight,
+            JobStatus::Completed => &mut self.completed,
+            JobStatus::Failed => &mut self.failed,
+            JobStatus::Dead => &mut self.dead,
+            JobStatus::Cancelled => &mut self.cancelled,
+        };
+        *slot += n;
+    }
+
+    /// Jobs still live (`pending` + `in_flight`).
+    pub fn live(&self) -> u64 {
+        self.pending + self.in_flight
+    }
+
+    /// All jobs.
+    pub fn total(&self) -> u64 {
+        self.live() + self.completed + self.failed + self.dead + self.cancelled
+    }
+}
+
+/// What one claim asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// At most this many jobs (at least 1).
+    pub batch_size: u32,
+    /// The lease: in-flight jobs claimed longer ago than this are taken over.
+    pub lease: Lease,
+    /// A job whose lease expired after this many takeovers is moved to `dead` instead of being
+    /// claimed again (a poison job that kills its worker every time).
+    pub max_reclaims: u32,
+}
+
+/// The default reclaim cap: a job may be taken over from an expired lease five times; the sixth
+/// expiry moves it to `dead`. Rolling restarts with graceful shutdown release claims and never
+/// count; only a worker that died (or hung past its lease) does.
+pub const DEFAULT_MAX_RECLAIMS: u32 = 5;
+
+impl ClaimRequest {
+    /// A claim of up to `batch_size` jobs under `lease`, with [`DEFAULT_MAX_RECLAIMS`].
+    pub fn new(batch_size: u32, lease: Lease) -> Self {
+        ClaimRequest {
+            batch_size: batch_size.max(1),
+            lease,
+            max_reclaims: DEFAULT_MAX_RECLAIMS,
+        }
+    }
+
+    /// Sets the reclaim cap.
+    pub fn max_reclaims(mut self, max_reclaims: u32) -> Self {
+        self.max_reclaims = max_reclaims;
+        self
+    }
+}
+
+/// What a claim returned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClaimBatch {
+    /// The jobs now held under a lease, in claim order.
+    pub jobs: Vec<ClaimedJob>,
+    /// Jobs the claim moved to `dead` because their lease expired past the reclaim cap.
+    pub dead: Vec<JobId>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_refuses_zero_and_absurd_values() {
+        assert_eq!(Lease::new(Duration::ZERO), Err(ConfigError::ZeroLease));
+        assert!(matches!(
+            Lease::from_secs(2 * 24 * 3600),
+            Err(ConfigError::LeaseTooLong(_))
+        ));
+        assert_eq!(Lease::default().duration(), Duration::from_secs(90));
+        assert_eq!(Lease::from_secs(5).unwrap().as_secs_f64(), 5.0);
+    }
+
+    #[test]
+    fn queue_names_are_validated() {
+        assert!(QueueName::new("exchange.send:v2").is_ok());
+        for bad in ["", "has space", "semi;colon", "quote'", &"x".repeat(129)] {
+            assert!(
+                matches!(QueueName::new(bad), Err(ConfigError::InvalidQueueName(_))),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn status_text_round_trips() {
+        for status in JobStatus::ALL {
+            assert_eq!(JobStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(JobStatus::parse("sent"), None);
+        assert!(!JobStatus::InFlight.is_terminal());
+        assert!(JobStatus::Dead.is_terminal());
+    }
+
+    #[test]
+    fn handler_errors_exclude_lease_takeovers() {
+        let job = ClaimedJob {
+            id: JobId(1),
+            generation: ClaimGeneration(6),
+            attempts: 6,
+            reclaims: 2,
+            claimed_at: Utc::now(),
+            priority: 0,
+            payload: Value::Null,
+        };
+        // 6 claims = this one + 2 takeovers + 3 handler errors.
+        assert_eq!(job.handler_errors(), 3);
+    }
+
+    #[test]
+    fn outcome_from_rows() {
+        assert_eq!(
+            FinalizeOutcome::from_rows_affected(1),
+            FinalizeOutcome::Applied
+        );
+        assert_eq!(
+            FinalizeOutcome::from_rows_affected(0),
+            FinalizeOutcome::Stale
+        );
+    }
+}
