@@ -50,7 +50,11 @@ async fn main() -> queue_core::Result<()> {
     let started = Instant::now();
     let queue = MemoryBackend::new();
     queue
-        .enqueue_many((0..jobs).map(|n| NewJob::from_value(json!({ "n": n }))).collect())
+        .enqueue_many(
+            (0..jobs)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
         .await?;
     let handler = Send {
         runs: Arc::new(Mutex::new(HashMap::new())),

@@ -80,7 +80,7 @@ pub use retry::RetryPolicy;
 pub use types::{
     CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_LEASE,
     DEFAULT_MAX_RECLAIMS, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, Lease,
-    NewJob, QueueCounts, QueueName, RunAt,
+    NewJob, QueueCounts, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
 };
 pub use worker::{ShutdownReport, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

@@ -16,13 +16,9 @@ use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
 use crate::types::{
     CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued,
-    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName, RunAt,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
+    RECLAIM_CAP_MESSAGE, RunAt,
 };
-
-/// The last error written when a claim buries a job past the reclaim cap.
-pub(crate) fn reclaim_cap_message(reclaims: i32) -> String {
-    format!("lease expired after {reclaims} reclaims: reclaim cap reached, moved to dead")
-}
 
 /// A queue held in process memory. Cloning gives another handle on the same store and queue.
 ///
@@ -442,7 +438,7 @@ impl Backend for MemoryBackend {
                 let mut row = job.clone();
                 row.status = JobStatus::Dead;
                 row.claim_generation.0 += 1;
-                row.last_error = Some(reclaim_cap_message(row.reclaims));
+                row.last_error = Some(RECLAIM_CAP_MESSAGE.to_owned());
                 row.updated_at = now;
                 row.finished_at = Some(now);
                 state.put(key.2, Some(row));

@@ -512,6 +512,11 @@ pub struct ClaimRequest {
 /// count; only a worker that died (or hung past its lease) does.
 pub const DEFAULT_MAX_RECLAIMS: u32 = 5;
 
+/// The `last_error` of a job that a claim moved to `dead` at the reclaim cap (every backend
+/// writes this text).
+pub const RECLAIM_CAP_MESSAGE: &str =
+    "lease expired past the reclaim cap: the job kept losing its worker; moved to dead";
+
 impl ClaimRequest {
     /// A claim of up to `batch_size` jobs under `lease`, with [`DEFAULT_MAX_RECLAIMS`].
     pub fn new(batch_size: u32, lease: Lease) -> Self {

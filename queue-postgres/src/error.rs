@@ -1,0 +1,128 @@
+//! The crate's error type and the one place where driver errors are mapped.
+
+/// Everything that can go wrong in the PostgreSQL backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgError {
+    /// An identifier from configuration (a table name) was refused before any SQL ran.
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidIdentifier {
+        /// Which identifier.
+        what: &'static str,
+        /// The refused value.
+        value: String,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// The queue table lacks what the lease protocol needs. Running against it could double-run
+    /// jobs (a pre-lease table has no claim stamp to fence on), so the queue refuses to start.
+    #[error(
+        "queue table {table:?} is not on the lease schema; missing: {}. Apply \
+         queue_postgres::schema::upgrade_legacy_sql (or install_table for a new table) first",
+        missing.join(", ")
+    )]
+    Schema {
+        /// The table checked.
+        table: String,
+        /// Each missing or mistyped column and each missing index, described.
+        missing: Vec<String>,
+    },
+
+    /// A row holds a status outside the framework's vocabulary.
+    #[error("job {id} has status {status:?}, which the queue does not know")]
+    UnknownStatus {
+        /// The job.
+        id: i64,
+        /// Its status text.
+        status: String,
+    },
+
+    /// A configuration value was refused.
+    #[error(transparent)]
+    Config(#[from] queue_core::ConfigError),
+
+    /// The database or the driver failed.
+    #[cfg(feature = "sqlx")]
+    #[error("postgres: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// Applying the framework's migrations failed.
+    #[cfg(feature = "sqlx")]
+    #[error("migrating the queue schema: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl PgError {
+    /// True when trying again later can succeed: the connection dropped, the pool timed out,
+    /// the server is shutting down or restarting, a serialization failure or deadlock.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            #[cfg(feature = "sqlx")]
+            PgError::Database(err) => sqlx_is_transient(err),
+            _ => false,
+        }
+    }
+}
+
+/// SQLSTATE classes and codes that a retry can get past.
+pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || code.starts_with("57P") // admin/crash shutdown, cannot connect now
+        || matches!(code, "40001" | "40P01" | "53300" | "55P03")
+}
+
+#[cfg(feature = "sqlx")]
+fn sqlx_is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| sqlstate_is_transient(&c)),
+        _ => false,
+    }
+}
+
+impl From<PgError> for queue_core::Error {
+    fn from(err: PgError) -> Self {
+        match err {
+            PgError::Config(config) => queue_core::Error::Config(config),
+            other => {
+                let transient = other.is_transient();
+                queue_core::Error::backend(other, transient)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_codes() {
+        for code in ["08006", "57P01", "40001", "40P01", "53300"] {
+            assert!(sqlstate_is_transient(code), "{code}");
+        }
+        for code in ["23505", "42P01", "22P02"] {
+            assert!(!sqlstate_is_transient(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn core_error_keeps_transience() {
+        #[cfg(feature = "sqlx")]
+        {
+            let core: queue_core::Error = PgError::Database(sqlx::Error::PoolTimedOut).into();
+            assert!(core.is_transient());
+        }
+        let core: queue_core::Error = PgError::Schema {
+            table: "t".into(),
+            missing: vec!["column claimed_at".into()],
+        }
+        .into();
+        assert!(!core.is_transient());
+    }
+}

@@ -1,0 +1,129 @@
+//! Validated SQL identifiers: the only values ever spliced into statement text.
+
+use std::fmt;
+
+use crate::error::PgError;
+
+/// The longest suffix the framework appends to a table name (`_finished_idx`), so that every
+/// derived index name stays within PostgreSQL's 63-byte identifier limit.
+const LONGEST_SUFFIX: usize = "_finished_idx".len();
+const MAX_IDENT: usize = 63;
+
+/// The name of a queue table: lowercase ASCII letters, digits and `_`, starting with a letter or
+/// `_`, at most 50 bytes (so derived index names fit in 63).
+///
+/// It is resolved on the connection's `search_path`, like the rest of a service's SQL; to keep
+/// queue tables in another schema, set `search_path` in the pool's connect options. Always
+/// written quoted, so reserved words (`order`, `user`) are fine.
+///
+/// ```
+/// use queue_postgres::TableName;
+/// assert!(TableName::new("exchange_send_jobs").is_ok());
+/// assert!(TableName::new("jobs; DROP TABLE users").is_err());
+/// assert_eq!(TableName::new("order").unwrap().quoted(), "\"order\"");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName(String);
+
+impl TableName {
+    /// The framework's standard table, created by [`crate::MIGRATOR`].
+    pub const DEFAULT: &'static str = "queue_jobs";
+
+    /// Validates `name`; refused names get [`PgError::InvalidIdentifier`] before any SQL runs.
+    pub fn new(name: impl Into<String>) -> Result<Self, PgError> {
+        let name = name.into();
+        let reason = if name.is_empty() {
+            Some("it is empty")
+        } else if name.len() > MAX_IDENT - LONGEST_SUFFIX {
+            Some("it is longer than 50 bytes (index names derived from it must fit in 63)")
+        } else if !name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_') {
+            Some("it must start with a lowercase ASCII letter or '_'")
+        } else if !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            Some("only lowercase ASCII letters, digits and '_' are allowed")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(PgError::InvalidIdentifier {
+                what: "table name",
+                value: name,
+                reason,
+            }),
+            None => Ok(TableName(name)),
+        }
+    }
+
+    /// The bare name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name quoted for SQL text.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+
+    /// A derived index name (`<table>_<suffix>`), quoted.
+    pub fn index(&self, suffix: &str) -> String {
+        format!("\"{}_{}\"", self.0, suffix)
+    }
+
+    /// The `LISTEN`/`NOTIFY` channel of this table's wake-ups.
+    pub fn channel(&self) -> String {
+        format!("queue_{}", self.0)
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        TableName(Self::DEFAULT.to_owned())
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Replaces the template's table token (`"queue_jobs` inside quoted identifiers) with `table`.
+pub(crate) fn render(template: &str, table: &TableName) -> String {
+    template.replace("\"queue_jobs", &format!("\"{}", table.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_names_are_refused_with_the_reason() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("Jobs", "lowercase"),
+            ("1jobs", "start"),
+            ("jobs\"; drop table x; --", "only lowercase"),
+            ("job-queue", "only lowercase"),
+            (&"j".repeat(51), "50 bytes"),
+        ] {
+            let err = TableName::new(bad).unwrap_err();
+            assert!(err.to_string().contains(why), "{bad:?}: {err}");
+        }
+        assert!(TableName::new("j".repeat(50)).is_ok());
+    }
+
+    #[test]
+    fn render_replaces_only_quoted_table_tokens() {
+        let t = TableName::new("orders").unwrap();
+        let sql = render(
+            "CREATE INDEX \"queue_jobs_due_idx\" ON \"queue_jobs\" (queue) -- queue_jobs",
+            &t,
+        );
+        assert_eq!(
+            sql,
+            "CREATE INDEX \"orders_due_idx\" ON \"orders\" (queue) -- queue_jobs"
+        );
+    }
+}

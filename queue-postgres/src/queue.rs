@@ -1,0 +1,586 @@
+//! `PgQueue`: the sqlx driver of the PostgreSQL backend.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use queue_core::{
+    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
+    ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
+    QueueCounts, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
+};
+use serde_json::Value;
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
+use tokio::sync::Notify;
+
+use crate::error::PgError;
+use crate::ident::TableName;
+use crate::listener::{self, ListenerGuard};
+use crate::schema;
+use crate::sql::Statements;
+
+/// Where a [`PgQueue`] lives and how it wakes workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgQueueConfig {
+    /// The queue table (default `queue_jobs`, created by [`crate::migrate`]).
+    pub table: TableName,
+    /// The queue inside the table (default `default`).
+    pub queue: QueueName,
+    /// Send a `NOTIFY` with each enqueue, in its transaction (default true). Costs a little at
+    /// commit; lets idle workers start new jobs within milliseconds instead of at their next poll.
+    pub notify_on_enqueue: bool,
+    /// Keep a `LISTEN` connection and wake this handle's workers on notifications (default true).
+    pub listen: bool,
+}
+
+impl Default for PgQueueConfig {
+    fn default() -> Self {
+        PgQueueConfig {
+            table: TableName::default(),
+            queue: QueueName::default(),
+            notify_on_enqueue: true,
+            listen: true,
+        }
+    }
+}
+
+impl PgQueueConfig {
+    /// The queue `queue` in the table `table`, with wake-ups on.
+    pub fn new(table: TableName, queue: QueueName) -> Self {
+        PgQueueConfig {
+            table,
+            queue,
+            ..PgQueueConfig::default()
+        }
+    }
+}
+
+/// A queue in a PostgreSQL table, on a sqlx pool. Cloning is cheap and shares everything.
+///
+/// ```no_run
+/// use queue_postgres::{PgQueue, PgQueueConfig};
+/// use queue_core::{Backend, NewJob};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+/// queue_postgres::migrate(&pool).await?; // the standard table `queue_jobs`
+/// let queue = PgQueue::connect(pool, PgQueueConfig::default()).await?; // checks the schema
+/// queue.enqueue(NewJob::new(&"hello")?).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgQueue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    config: PgQueueConfig,
+    sql: Statements,
+    /// The table name as `pg_get_serial_sequence` wants it.
+    quoted_table: String,
+    channel: String,
+    wake: Arc<Notify>,
+    _listener: Option<ListenerGuard>,
+}
+
+impl std::fmt::Debug for PgQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgQueue")
+            .field("table", &self.inner.config.table)
+            .field("queue", &self.inner.config.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A transaction of the PostgreSQL backend. Hooks receive it; it dereferences to
+/// [`PgConnection`], so a hook writes with `sqlx::query(…).execute(&mut **tx)`.
+/// Dropping it without commit rolls back.
+#[derive(Debug)]
+pub struct PgTx(sqlx::Transaction<'static, Postgres>);
+
+impl PgTx {
+    /// The sqlx transaction inside.
+    pub fn into_inner(self) -> sqlx::Transaction<'static, Postgres> {
+        self.0
+    }
+}
+
+impl From<sqlx::Transaction<'static, Postgres>> for PgTx {
+    /// Wraps a transaction the caller began, so that the queue's writes join the caller's own.
+    fn from(tx: sqlx::Transaction<'static, Postgres>) -> Self {
+        PgTx(tx)
+    }
+}
+
+impl Deref for PgTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+impl BackendTx for PgTx {
+    async fn commit(self) -> queue_core::Result<()> {
+        self.0.commit().await.map_err(PgError::from)?;
+        Ok(())
+    }
+
+    async fn rollback(self) -> queue_core::Result<()> {
+        self.0.rollback().await.map_err(PgError::from)?;
+        Ok(())
+    }
+}
+
+impl PgQueue {
+    /// A queue handle on `pool`. Checks the table's schema first and refuses a table that is not
+    /// on the lease schema ([`PgError::Schema`]); starts the `LISTEN` connection if configured.
+    pub async fn connect(pool: PgPool, config: PgQueueConfig) -> Result<Self, PgError> {
+        schema::check_schema(&pool, &config.table).await?;
+        let wake = Arc::new(Notify::new());
+        let channel = config.table.channel();
+        let listener = config.listen.then(|| {
+            listener::spawn(
+                &pool,
+                channel.clone(),
+                config.queue.as_str().to_owned(),
+                wake.clone(),
+            )
+        });
+        Ok(PgQueue {
+            inner: Arc::new(Inner {
+                sql: Statements::new(&config.table),
+                quoted_table: config.table.quoted(),
+                pool,
+                channel,
+                wake,
+                _listener: listener,
+                config,
+            }),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PgQueueConfig {
+        &self.inner.config
+    }
+
+    /// The statements this handle runs (rendered for its table).
+    pub fn statements(&self) -> &Statements {
+        &self.inner.sql
+    }
+
+    fn q(
+        &self,
+        sql: &Arc<str>,
+    ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(AssertSqlSafe(sql.clone()))
+    }
+
+    /// Enqueues `jobs` on `conn`: any connection or transaction of the caller, so the jobs
+    /// commit with the caller's own writes. One statement, whatever the number of jobs.
+    pub async fn enqueue_with(
+        &self,
+        conn: &mut PgConnection,
+        jobs: Vec<NewJob>,
+    ) -> Result<Vec<Enqueued>, PgError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = jobs.len();
+        let mut payloads = Vec::with_capacity(n);
+        let mut priorities = Vec::with_capacity(n);
+        let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut delays: Vec<Option<f64>> = Vec::with_capacity(n);
+        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
+        for job in jobs {
+            payloads.push(job.payload);
+            priorities.push(job.priority);
+            let (at, delay) = split_run_at(job.run_at);
+            run_ats.push(at);
+            delays.push(delay);
+            keys.push(job.unique_key);
+        }
+        let channel = self
+            .inner
+            .config
+            .notify_on_enqueue
+            .then(|| self.inner.channel.clone());
+        let rows = self
+            .q(&self.inner.sql.enqueue)
+            .bind(self.inner.config.queue.as_str())
+            .bind(&self.inner.quoted_table)
+            .bind(payloads)
+            .bind(priorities)
+            .bind(run_ats)
+            .bind(delays)
+            .bind(keys)
+            .bind(channel)
+            .fetch_all(&mut *conn)
+            .await?;
+
+        let mut out = Vec::with_capacity(n);
+        let mut first_by_key: HashMap<String, JobId> = HashMap::new();
+        let mut unresolved: Vec<(usize, String)> = Vec::new();
+        for (index, row) in rows.iter().enumerate() {
+            let id = JobId(row.try_get(0)?);
+            let inserted: bool = row.try_get(1)?;
+            let key: Option<String> = row.try_get(2)?;
+            if inserted {
+                if let Some(key) = key {
+                    first_by_key.entry(key).or_insert(id);
+                }
+                out.push(Enqueued {
+                    id,
+                    duplicate: false,
+                });
+            } else {
+                let key = key.ok_or_else(|| {
+                    PgError::Database(sqlx::Error::Protocol(
+                        "an enqueue without a unique key was not inserted".into(),
+                    ))
+                })?;
+                // A placeholder; resolved below to the job that holds the key.
+                out.push(Enqueued {
+                    id,
+                    duplicate: true,
+                });
+                unresolved.push((index, key));
+            }
+        }
+        if !unresolved.is_empty() {
+            let missing: Vec<String> = unresolved
+                .iter()
+                .filter(|(_, key)| !first_by_key.contains_key(key))
+                .map(|(_, key)| key.clone())
+                .collect();
+            if !missing.is_empty() {
+                let found = self
+                    .q(&self.inner.sql.lookup_unique)
+                    .bind(self.inner.config.queue.as_str())
+                    .bind(&missing)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                for row in found {
+                    first_by_key.insert(row.try_get(0)?, JobId(row.try_get(1)?));
+                }
+            }
+            for (index, key) in unresolved {
+                let id = first_by_key.get(&key).copied().ok_or_else(|| {
+                    PgError::Database(sqlx::Error::Protocol(format!(
+                        "unique key {key:?} conflicted but its job is gone (deleted meanwhile?)"
+                    )))
+                })?;
+                out[index].id = id;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome per
+    /// item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; an item
+    /// repeated in the same call applies at most once.
+    pub async fn finalize_with(
+        &self,
+        conn: &mut PgConnection,
+        items: &[(Claim, Finalize)],
+    ) -> Result<Vec<FinalizeOutcome>, PgError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = items.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut generations = Vec::with_capacity(n);
+        let mut kinds = Vec::with_capacity(n);
+        let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut delays: Vec<Option<f64>> = Vec::with_capacity(n);
+        let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+        for (claim, action) in items {
+            ids.push(claim.id.0);
+            generations.push(claim.generation.0);
+            kinds.push(action.kind());
+            let (at, delay, error) = match action {
+                Finalize::RetryAt { at, error } => {
+                    let (at, delay) = split_run_at(*at);
+                    (at, delay, Some(error.as_str()))
+                }
+                Finalize::FailTerminal { error } => (None, None, Some(error.as_str())),
+                Finalize::Cancel { reason } => (None, None, Some(reason.as_str())),
+                Finalize::Complete | Finalize::Release => (None, None, None),
+            };
+            run_ats.push(at);
+            delays.push(delay);
+            errors.push(error);
+        }
+        let rows = self
+            .q(&self.inner.sql.finalize)
+            .bind(&ids)
+            .bind(&generations)
+            .bind(&kinds)
+            .bind(&run_ats)
+            .bind(&delays)
+            .bind(&errors)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut applied = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            applied.insert((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?));
+        }
+        Ok(items
+            .iter()
+            .map(|(claim, _)| {
+                // `remove` makes a repeated item Stale after its first occurrence.
+                FinalizeOutcome::from_rows_affected(
+                    applied.remove(&(claim.id.0, claim.generation.0)) as u64,
+                )
+            })
+            .collect())
+    }
+
+    /// Deletes terminal jobs (of every queue in the table) that finished longer ago than
+    /// `older_than`, in batches of `batch_size` rows so no statement holds many locks, until none
+    /// is left. Returns how many rows were deleted.
+    pub async fn sweep_finished(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64, PgError> {
+        let mut total = 0;
+        loop {
+            let deleted = self
+                .q(&self.inner.sql.sweep_finished)
+                .bind(older_than.as_secs_f64())
+                .bind(i64::from(batch_size.max(1)))
+                .execute(&self.inner.pool)
+                .await?
+                .rows_affected();
+            total += deleted;
+            if deleted < u64::from(batch_size.max(1)) {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
+    match run_at {
+        RunAt::Now => (None, None),
+        RunAt::After(delay) => (None, Some(delay.as_secs_f64())),
+        RunAt::At(at) => (Some(at), None),
+    }
+}
+
+fn parse_status(id: i64, status: String) -> Result<JobStatus, PgError> {
+    JobStatus::parse(&status).ok_or(PgError::UnknownStatus { id, status })
+}
+
+fn claimed_job(row: &PgRow) -> Result<ClaimedJob, sqlx::Error> {
+    Ok(ClaimedJob {
+        id: JobId(row.try_get("id")?),
+        generation: ClaimGeneration(row.try_get("claim_generation")?),
+        attempts: row.try_get("attempts")?,
+        reclaims: row.try_get("reclaims")?,
+        claimed_at: row.try_get("claimed_at")?,
+        priority: row.try_get("priority")?,
+        payload: row.try_get::<Value, _>("payload")?,
+    })
+}
+
+fn job_record(row: &PgRow) -> Result<JobRecord, PgError> {
+    let id: i64 = row.try_get("id")?;
+    Ok(JobRecord {
+        id: JobId(id),
+        queue: row.try_get("queue")?,
+        status: parse_status(id, row.try_get("status")?)?,
+        payload: row.try_get("payload")?,
+        priority: row.try_get("priority")?,
+        attempts: row.try_get("attempts")?,
+        reclaims: row.try_get("reclaims")?,
+        next_attempt_at: row.try_get("next_attempt_at")?,
+        claimed_at: row.try_get("claimed_at")?,
+        claim_generation: ClaimGeneration(row.try_get("claim_generation")?),
+        last_error: row.try_get("last_error")?,
+        unique_key: row.try_get("unique_key")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+impl Backend for PgQueue {
+    type Tx = PgTx;
+
+    fn queue(&self) -> &QueueName {
+        &self.inner.config.queue
+    }
+
+    async fn enqueue(&self, job: NewJob) -> queue_core::Result<Enqueued> {
+        let mut out = self.enqueue_many(vec![job]).await?;
+        Ok(out.remove(0))
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>) -> queue_core::Result<Vec<Enqueued>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.inner.pool.acquire().await.map_err(PgError::from)?;
+        Ok(self.enqueue_with(&mut conn, jobs).await?)
+    }
+
+    async fn enqueue_in(&self, tx: &mut PgTx, job: NewJob) -> queue_core::Result<Enqueued> {
+        let mut out = self.enqueue_with(tx, vec![job]).await?;
+        Ok(out.remove(0))
+    }
+
+    async fn begin(&self) -> queue_core::Result<PgTx> {
+        Ok(PgTx(self.inner.pool.begin().await.map_err(PgError::from)?))
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> queue_core::Result<ClaimBatch> {
+        let rows = self
+            .q(&self.inner.sql.claim)
+            .bind(self.inner.config.queue.as_str())
+            .bind(i64::from(request.batch_size.max(1)))
+            .bind(request.lease.as_secs_f64())
+            .bind(i32::try_from(request.max_reclaims).unwrap_or(i32::MAX))
+            .bind(RECLAIM_CAP_MESSAGE)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?;
+        let mut batch = ClaimBatch::default();
+        for row in &rows {
+            if row.try_get::<bool, _>("dead").map_err(PgError::from)? {
+                let id = JobId(row.try_get("id").map_err(PgError::from)?);
+                tracing::error!(
+                    name: "queue.job_dead",
+                    queue = %self.inner.config.queue,
+                    job_id = id.0,
+                    "queue.job_dead: lease expired past the reclaim cap; the job was moved to dead"
+                );
+                batch.dead.push(id);
+            } else {
+                batch.jobs.push(claimed_job(row).map_err(PgError::from)?);
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn finalize_in(
+        &self,
+        tx: &mut PgTx,
+        claim: Claim,
+        action: &Finalize,
+    ) -> queue_core::Result<FinalizeOutcome> {
+        let outcomes = self
+            .finalize_with(tx, std::slice::from_ref(&(claim, action.clone())))
+            .await?;
+        Ok(outcomes[0])
+    }
+
+    async fn finalize(
+        &self,
+        claim: Claim,
+        action: &Finalize,
+    ) -> queue_core::Result<FinalizeOutcome> {
+        // A single statement commits on its own: no BEGIN/COMMIT round trips.
+        Ok(self.finalize_many(&[(claim, action.clone())]).await?[0])
+    }
+
+    async fn finalize_many(
+        &self,
+        items: &[(Claim, Finalize)],
+    ) -> queue_core::Result<Vec<FinalizeOutcome>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.inner.pool.acquire().await.map_err(PgError::from)?;
+        Ok(self.finalize_with(&mut conn, items).await?)
+    }
+
+    async fn extend_lease(&self, claim: Claim) -> queue_core::Result<FinalizeOutcome> {
+        let done = self
+            .q(&self.inner.sql.extend_lease)
+            .bind(claim.id.0)
+            .bind(claim.generation.0)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?;
+        Ok(FinalizeOutcome::from_rows_affected(done.rows_affected()))
+    }
+
+    async fn cancel(&self, id: JobId) -> queue_core::Result<CancelOutcome> {
+        let queue = self.inner.config.queue.as_str();
+        let done = self
+            .q(&self.inner.sql.cancel_pending)
+            .bind(id.0)
+            .bind(queue)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?;
+        if done.rows_affected() == 1 {
+            return Ok(CancelOutcome::Cancelled);
+        }
+        let status: Option<String> = self
+            .q(&self.inner.sql.status_of)
+            .bind(id.0)
+            .bind(queue)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?
+            .map(|row| row.get(0));
+        Ok(match status {
+            None => CancelOutcome::NotFound,
+            Some(status) => match parse_status(id.0, status)? {
+                JobStatus::InFlight => CancelOutcome::InFlight,
+                // Pending but not cancelled means it was claimed in between: now in flight.
+                JobStatus::Pending => CancelOutcome::InFlight,
+                terminal => CancelOutcome::AlreadyTerminal(terminal),
+            },
+        })
+    }
+
+    async fn get(&self, id: JobId) -> queue_core::Result<Option<JobRecord>> {
+        let row = self
+            .q(&self.inner.sql.get)
+            .bind(id.0)
+            .bind(self.inner.config.queue.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?;
+        Ok(row.as_ref().map(job_record).transpose()?)
+    }
+
+    async fn counts(&self) -> queue_core::Result<QueueCounts> {
+        let rows = self
+            .q(&self.inner.sql.counts)
+            .bind(self.inner.config.queue.as_str())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(PgError::from)?;
+        let mut counts = QueueCounts::default();
+        for row in rows {
+            let status: String = row.get(0);
+            let n: i64 = row.get(1);
+            counts.add(parse_status(-1, status)?, n as u64);
+        }
+        Ok(counts)
+    }
+
+    fn wake_signal(&self) -> Option<Arc<Notify>> {
+        self.inner.config.listen.then(|| self.inner.wake.clone())
+    }
+}
