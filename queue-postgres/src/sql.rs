@@ -77,7 +77,7 @@ expired AS MATERIALIZED (
     FROM "queue_jobs"
     WHERE queue = $1 AND status = 'in_flight'
       AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
-    ORDER BY claimed_at NULLS FIRST, id
+    ORDER BY claimed_at NULLS FIRST
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ),

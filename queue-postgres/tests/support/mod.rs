@@ -41,7 +41,7 @@ impl TestDb {
         let admin: PgConnectOptions = format!("{url}/postgres")
             .parse()
             .expect("QUEUE_TEST_PG_URL is a postgres URL");
-        let admin = admin.log_statements(tracing::log::LevelFilter::Trace);
+        let admin = admin.disable_statement_logging();
         let mut conn = admin.connect().await.unwrap_or_else(|err| {
             panic!(
                 "PostgreSQL is not reachable at {url} ({err}). These tests need it and do not skip: \
@@ -87,7 +87,9 @@ impl TestDb {
 
     /// Drops the database (closing every connection to it).
     pub async fn drop_db(&self) {
-        self.pool.close().await;
+        // A connection still checked out (a forgotten listener) must not hang the test:
+        // DROP … WITH (FORCE) ends it anyway.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.pool.close()).await;
         if let Ok(mut conn) = self.admin.connect().await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",

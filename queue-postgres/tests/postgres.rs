@@ -1,0 +1,698 @@
+//! Behaviour specific to PostgreSQL: real connections racing, a connection killed mid-finalize,
+//! the legacy upgrade, the schema check, the claim's plans, NOTIFY wake-ups, retention.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use queue_core::{
+    Backend, BackendTx, Claim, ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, Handler,
+    JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, Worker, WorkerConfig,
+};
+use queue_postgres::{PgError, PgQueue, PgQueueConfig, TableName};
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{ConnectOptions, Row};
+use support::TestDb;
+
+fn req(batch: u32) -> ClaimRequest {
+    ClaimRequest::new(batch, Lease::DEFAULT)
+}
+
+/// `tasks` claimers, each on its own single-connection pool, drain `jobs` jobs.
+async fn race_on_separate_connections(tasks: usize, jobs: usize, batch: u32) {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let ids: HashSet<JobId> = queue
+        .enqueue_many(
+            (0..jobs)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..tasks {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(db.connect_options())
+            .await
+            .unwrap();
+        let config = PgQueueConfig {
+            listen: false,
+            ..PgQueueConfig::default()
+        };
+        let worker = PgQueue::connect(pool, config).await.unwrap();
+        set.spawn(async move {
+            let mut taken = Vec::new();
+            loop {
+                let batch_jobs = worker.claim(req(batch)).await.unwrap().jobs;
+                assert!(
+                    batch_jobs.len() <= batch as usize,
+                    "claim exceeded its batch"
+                );
+                if batch_jobs.is_empty() {
+                    break;
+                }
+                let done: Vec<(Claim, Finalize)> = batch_jobs
+                    .iter()
+                    .map(|j| (j.claim(), Finalize::Complete))
+                    .collect();
+                let outcomes = worker.finalize_many(&done).await.unwrap();
+                assert!(outcomes.iter().all(|o| o.is_applied()));
+                taken.extend(batch_jobs.iter().map(|j| (j.id, j.generation)));
+            }
+            taken
+        });
+    }
+    let mut seen: HashMap<JobId, u32> = HashMap::new();
+    while let Some(taken) = set.join_next().await {
+        for (id, generation) in taken.unwrap() {
+            assert_eq!(generation, ClaimGeneration(1));
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    assert!(seen.values().all(|n| *n == 1), "a job was claimed twice");
+    assert_eq!(
+        seen.keys().copied().collect::<HashSet<_>>(),
+        ids,
+        "a job was lost"
+    );
+    assert_eq!(queue.counts().await.unwrap().completed, jobs as u64);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_connections_racing_claims_take_each_job_once() {
+    race_on_separate_connections(2, 600, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_connections_racing_claims_take_each_job_once() {
+    race_on_separate_connections(8, 1200, 7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_killed_during_finalize_loses_nothing() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+
+    let mut tx = queue.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let outcome = queue
+        .finalize_in(&mut tx, job.claim(), &Finalize::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        FinalizeOutcome::Applied,
+        "applied inside the open transaction"
+    );
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    let err = tx
+        .commit()
+        .await
+        .expect_err("the commit cannot succeed on a killed connection");
+    assert!(
+        err.is_transient(),
+        "a lost connection must be transient: {err}"
+    );
+
+    let row = queue.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        row.status,
+        JobStatus::InFlight,
+        "the uncommitted complete must be gone"
+    );
+    assert_eq!(row.claim_generation, job.generation);
+    // Nothing is lost: after the lease the job is claimed again, one generation on.
+    support::shift_time(
+        &db.pool,
+        "queue_jobs",
+        Lease::DEFAULT.duration() + Duration::from_secs(1),
+    )
+    .await;
+    let again = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_eq!(again.id, id);
+    assert_eq!(again.generation.0, job.generation.0 + 1);
+    assert_eq!(again.attempts, job.attempts + 1);
+    db.drop_db().await;
+}
+
+/// The seed's table before the lease: status + attempts + next_attempt_at, the stuck-job index
+/// that the boot-time sweep used, no claim stamp. (A fixture standing for an adopter's existing
+/// table, not a copy of the framework's schema.)
+const PRE_LEASE_TABLE: &str = r#"
+CREATE TABLE exchange_send_jobs (
+    id              bigserial PRIMARY KEY,
+    transaction_id  bigint      NOT NULL,
+    status          text        NOT NULL DEFAULT 'pending',
+    attempts        integer     NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    last_error      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX idx_exchange_send_jobs_stuck_in_flight
+    ON exchange_send_jobs (next_attempt_at) WHERE status = 'in_flight';
+-- What the old claim left behind: two sends in flight with no claim stamp, one pending.
+INSERT INTO exchange_send_jobs (transaction_id, status, attempts, next_attempt_at) VALUES
+    (1, 'in_flight', 1, now() - interval '2 hours'),
+    (2, 'in_flight', 3, now() - interval '1 hour'),
+    (3, 'pending',   0, now() - interval '5 minutes');
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows() {
+    let db = TestDb::empty().await;
+    sqlx::raw_sql(PRE_LEASE_TABLE)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let table = TableName::new("exchange_send_jobs").unwrap();
+    let queue_name = QueueName::new("exchange.send").unwrap();
+    let config = PgQueueConfig::new(table.clone(), queue_name.clone());
+
+    let err = PgQueue::connect(db.pool.clone(), config.clone())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, PgError::Schema { .. }), "{err}");
+    for named in [
+        "column claimed_at",
+        "column claim_generation",
+        "index exchange_send_jobs_lease_idx",
+    ] {
+        assert!(
+            text.contains(named),
+            "the refusal must name {named:?}: {text}"
+        );
+    }
+
+    queue_postgres::upgrade_legacy_table(
+        &db.pool,
+        &table,
+        &queue_name,
+        Some("idx_exchange_send_jobs_stuck_in_flight"),
+    )
+    .await
+    .unwrap();
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'exchange_send_jobs'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        !indexes.iter().any(|i| i.contains("stuck")),
+        "the old stuck index survived: {indexes:?}"
+    );
+    assert!(indexes.contains(&"exchange_send_jobs_lease_idx".to_owned()));
+    let unstamped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM exchange_send_jobs WHERE status = 'in_flight' AND claimed_at IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unstamped, 2, "the upgrade must not backfill claimed_at");
+
+    let queue = PgQueue::connect(db.pool.clone(), config)
+        .await
+        .expect("upgraded table passes");
+    let claimed = queue.claim(req(10)).await.unwrap().jobs;
+    assert_eq!(
+        claimed.len(),
+        3,
+        "stranded in-flight rows are re-claimable at once"
+    );
+    let legacy: Vec<_> = claimed.iter().filter(|j| j.reclaims == 1).collect();
+    assert_eq!(legacy.len(), 2);
+    assert!(legacy.iter().all(|j| j.generation == ClaimGeneration(1)));
+    // The upgrade is idempotent.
+    queue_postgres::upgrade_legacy_table(&db.pool, &table, &queue_name, None)
+        .await
+        .unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn an_invalid_table_name_is_rejected_before_any_sql_runs() {
+    // A pool that would fail on first use: nothing may reach it.
+    let unreachable = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(200))
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    for bad in ["jobs; DROP TABLE users", "Jobs", "", "a\"b"] {
+        let err = TableName::new(bad).unwrap_err();
+        assert!(
+            matches!(err, PgError::InvalidIdentifier { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+    assert!(
+        queue_postgres::upgrade_legacy_sql(
+            &TableName::default(),
+            &QueueName::default(),
+            Some("x; drop")
+        )
+        .is_err()
+    );
+    // The type makes a bad name unrepresentable: the only way to a PgQueue is a valid name.
+    assert_eq!(unreachable.size(), 0, "no connection was attempted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_check_names_a_missing_table() {
+    let db = TestDb::new().await;
+    let config = PgQueueConfig::new(TableName::new("nowhere").unwrap(), QueueName::default());
+    let err = PgQueue::connect(db.pool.clone(), config).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+    db.drop_db().await;
+}
+
+/// Collects every plan node under `node` (depth first).
+fn nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
+    out.push(node);
+    if let Some(children) = node.get("Plans").and_then(Value::as_array) {
+        for child in children {
+            nodes(child, out);
+        }
+    }
+}
+
+async fn explain_claim(db: &TestDb, queue: &PgQueue) -> Value {
+    let sql = format!("EXPLAIN (FORMAT JSON) {}", queue.statements().claim);
+    let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind("default")
+        .bind(1_i64)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("x")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    plan[0]["Plan"].clone()
+}
+
+/// Asserts that each pick (`CTE due`, `CTE expired`) is an index scan on its partial index with
+/// no sequential scan and no sort under it.
+fn assert_picks_are_index_backed(plan: &Value) {
+    let mut all = Vec::new();
+    nodes(plan, &mut all);
+    for (cte, index) in [
+        ("due", "queue_jobs_due_idx"),
+        ("expired", "queue_jobs_lease_idx"),
+    ] {
+        let root = all
+            .iter()
+            .find(|n| n["Subplan Name"] == format!("CTE {cte}"))
+            .unwrap_or_else(|| panic!("no CTE {cte} in {plan:#}"));
+        let mut under = Vec::new();
+        nodes(root, &mut under);
+        let types: Vec<&str> = under
+            .iter()
+            .filter_map(|n| n["Node Type"].as_str())
+            .collect();
+        assert!(
+            !types.contains(&"Seq Scan"),
+            "CTE {cte} scans the table: {types:?}"
+        );
+        assert!(!types.contains(&"Sort"), "CTE {cte} sorts: {types:?}");
+        assert!(
+            under.iter().any(|n| n["Index Name"] == index),
+            "CTE {cte} does not use {index}: {root:#}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_rows() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    // 100k finished rows, 200k due rows, a few in flight.
+    sqlx::raw_sql(
+        "INSERT INTO queue_jobs (status, payload, finished_at, next_attempt_at)
+             SELECT 'completed', '{}', now() - interval '1 day', now() - interval '2 days'
+             FROM generate_series(1, 100000);
+         INSERT INTO queue_jobs (payload, next_attempt_at)
+             SELECT jsonb_build_object('n', g), now() - make_interval(secs => g)
+             FROM generate_series(1, 200000) g;
+         INSERT INTO queue_jobs (status, payload, claimed_at, claim_generation)
+             SELECT 'in_flight', '{}', now(), 1 FROM generate_series(1, 50);
+         ANALYZE queue_jobs;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_picks_are_index_backed(&explain_claim(&db, &queue).await);
+    // And the claim really takes the oldest due job.
+    let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_eq!(job.payload, json!({ "n": 200000 }));
+    db.drop_db().await;
+}
+
+struct Done;
+
+impl Handler for Done {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+fn idle_worker_config() -> WorkerConfig {
+    WorkerConfig {
+        // Far longer than the test waits: only a NOTIFY can wake the worker in time.
+        poll_interval: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    }
+}
+
+async fn listener_pids(db: &TestDb) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2 AND query ILIKE 'LISTEN%'",
+    )
+    .bind(&db.name)
+    .bind(queue_postgres::LISTENER_APPLICATION_NAME)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+async fn wait_for_listener(db: &TestDb, not: Option<i32>) -> i32 {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(pid) = listener_pids(db)
+                .await
+                .into_iter()
+                .find(|p| Some(*p) != not)
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the listener did not (re)connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let first = wait_for_listener(&db, None).await;
+    let worker = Worker::new(queue.clone(), Done, idle_worker_config())
+        .unwrap()
+        .start();
+    // Let the worker make its first empty claim and go idle.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.wait_for(|s| s.completed == 1),
+    )
+    .await
+    .expect("NOTIFY did not wake the idle worker");
+
+    // Kill the listener's connection: it must come back and listen again.
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    wait_for_listener(&db, Some(first)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.wait_for(|s| s.completed == 2),
+    )
+    .await
+    .expect("after re-listening, NOTIFY did not wake the worker");
+    worker.shutdown().await.unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_is_sent_on_commit_only() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener
+        .listen(&TableName::default().channel())
+        .await
+        .unwrap();
+    let mut tx = queue.begin().await.unwrap();
+    queue
+        .enqueue_in(&mut tx, NewJob::from_value(json!({})))
+        .await
+        .unwrap();
+    // Nothing before the commit, and nothing claimable from another connection either.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), listener.recv())
+            .await
+            .is_err(),
+        "a NOTIFY arrived before the commit"
+    );
+    assert!(queue.claim(req(10)).await.unwrap().jobs.is_empty());
+    tx.commit().await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("no NOTIFY after the commit")
+        .unwrap();
+    assert_eq!(note.payload(), "default");
+    assert_eq!(queue.claim(req(10)).await.unwrap().jobs.len(), 1);
+    drop(listener);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_enqueues_of_one_unique_key_insert_once() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let q = queue.clone();
+        set.spawn(async move {
+            q.enqueue(NewJob::from_value(json!({})).unique_key("transmission-42"))
+                .await
+                .unwrap()
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(r) = set.join_next().await {
+        results.push(r.unwrap());
+    }
+    assert_eq!(results.iter().filter(|e| !e.duplicate).count(), 1);
+    let ids: HashSet<JobId> = results.iter().map(|e| e.id).collect();
+    assert_eq!(ids.len(), 1, "every caller must learn the one job's id");
+    assert_eq!(queue.counts().await.unwrap().total(), 1);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_table_works_and_keeps_its_queues_apart() {
+    let db = TestDb::new().await;
+    let table = TableName::new("mail_jobs").unwrap();
+    queue_postgres::install_table(&db.pool, &table)
+        .await
+        .unwrap();
+    queue_postgres::install_table(&db.pool, &table)
+        .await
+        .expect("idempotent");
+    let mail = PgQueue::connect(
+        db.pool.clone(),
+        PgQueueConfig::new(table.clone(), QueueName::new("mail").unwrap()),
+    )
+    .await
+    .unwrap();
+    let sms = PgQueue::connect(
+        db.pool.clone(),
+        PgQueueConfig::new(table, QueueName::new("sms").unwrap()),
+    )
+    .await
+    .unwrap();
+    let id = mail
+        .enqueue(NewJob::from_value(json!({ "to": "a@b" })))
+        .await
+        .unwrap()
+        .id;
+    assert!(
+        sms.claim(req(10)).await.unwrap().jobs.is_empty(),
+        "a queue claimed another's job"
+    );
+    assert!(sms.get(id).await.unwrap().is_none());
+    let job = mail.claim(req(10)).await.unwrap().jobs.remove(0);
+    assert_eq!(job.id, id);
+    assert!(
+        mail.finalize(job.claim(), &Finalize::Complete)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let standard: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(standard, 0, "the custom table's jobs went elsewhere");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    queue
+        .enqueue_many(
+            (0..25)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let jobs = queue.claim(req(20)).await.unwrap().jobs;
+    let done: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.claim(), Finalize::Complete))
+        .collect();
+    queue.finalize_many(&done).await.unwrap();
+    // 20 finished, 5 pending; age everything by two days, then finish one more (fresh).
+    support::shift_time(&db.pool, "queue_jobs", Duration::from_secs(2 * 86400)).await;
+    let fresh = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert!(
+        queue
+            .finalize(fresh.claim(), &Finalize::Complete)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let deleted = queue
+        .sweep_finished(Duration::from_secs(86400), 7)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 20);
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.completed, counts.pending), (1, 4));
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framework_migrations_coexist_with_a_services_own_migrator() {
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let db = TestDb::new().await;
+    let service = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "orders".into(),
+        MigrationType::Simple,
+        sqlx::SqlSafeStr::into_sql_str("CREATE TABLE orders (id bigserial PRIMARY KEY)"),
+        false,
+    )]);
+    service
+        .run(&db.pool)
+        .await
+        .expect("the service's migrator ignores the framework's table");
+    queue_postgres::migrate(&db.pool)
+        .await
+        .expect("and the framework's ignores the service's");
+    service.run(&db.pool).await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE tablename IN ('_sqlx_migrations', $1) ORDER BY 1",
+    )
+    .bind(queue_postgres::MIGRATIONS_TABLE)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(tables.len(), 2, "{tables:?}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_finalize_in_the_callers_transaction_writes_nothing() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let old = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    support::shift_time(&db.pool, "queue_jobs", Lease::DEFAULT.duration() * 2).await;
+    let new = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    // The caller's own transaction (any lifetime), with a domain write beside the job's outcome.
+    sqlx::raw_sql("CREATE TABLE outbox (job_id bigint)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let outcomes = queue
+        .finalize_with(
+            &mut tx,
+            &[
+                (old.claim(), Finalize::Complete),
+                (new.claim(), Finalize::Complete),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![FinalizeOutcome::Stale, FinalizeOutcome::Applied]
+    );
+    sqlx::query("INSERT INTO outbox VALUES ($1)")
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let row = queue.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.claim_generation),
+        (JobStatus::Completed, new.generation)
+    );
+    let staged: i64 = sqlx::query("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(staged, 1);
+    drop(conn);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_stopped_server_is_a_transient_error() {
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(
+            "postgres://postgres@127.0.0.1:1/none"
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .unwrap()
+                .disable_statement_logging(),
+        );
+    let err = queue_postgres::check_schema(&pool, &TableName::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+}
