@@ -1,0 +1,181 @@
+//! Claim and finalize against the local PostgreSQL.
+//!
+//! `cargo bench -p benches --bench claim_finalize`
+//!
+//! * `claim/batch/B`: one claim of B jobs out of a 100k backlog (the finalize of the claimed
+//!   jobs runs outside the timed section).
+//! * `claim_backlog/form/depth`: a claim of 1 at 1k and 200k due rows, for our statement and
+//!   for the seed's single-OR form (kept here only as the baseline it replaced).
+//! * `finalize/one_by_one` vs `finalize/batched`: completing 100 claimed jobs.
+
+use std::time::{Duration, Instant};
+
+use benches::ScratchDb;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use queue_core::{Backend, ClaimRequest, Finalize, Lease};
+use sqlx::AssertSqlSafe;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn req(batch: u32) -> ClaimRequest {
+    ClaimRequest::new(batch, Lease::DEFAULT)
+}
+
+/// The seed's claim (one OR predicate, one ORDER BY over both sets): the baseline.
+const SEED_FORM_CLAIM: &str = r#"
+UPDATE queue_jobs SET status = 'in_flight', attempts = attempts + 1, claimed_at = now(),
+       claim_generation = claim_generation + 1
+WHERE id IN (
+    SELECT id FROM queue_jobs
+    WHERE (status = 'pending' AND next_attempt_at <= now())
+       OR (status = 'in_flight' AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $2)))
+    ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, claim_generation
+"#;
+
+fn claim_batches(c: &mut Criterion) {
+    let rt = runtime();
+    let db = rt.block_on(ScratchDb::new(4));
+    let queue = rt.block_on(db.queue());
+    rt.block_on(db.load(100_000, 0));
+    let mut group = c.benchmark_group("claim/batch");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(5));
+    for batch in [1u32, 10, 100, 500] {
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, &batch| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = queue.clone();
+                async move {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        let jobs = queue.claim(req(batch)).await.unwrap().jobs;
+                        spent += start.elapsed();
+                        // Put them back so the backlog stays the same depth.
+                        let back: Vec<_> = jobs
+                            .iter()
+                            .map(|j| (j.claim(), Finalize::Release))
+                            .collect();
+                        queue.finalize_many(&back).await.unwrap();
+                    }
+                    spent
+                }
+            })
+        });
+    }
+    group.finish();
+    rt.block_on(db.drop_db());
+}
+
+fn claim_against_backlog(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("claim_backlog");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
+    for depth in [1_000u64, 200_000] {
+        let db = rt.block_on(ScratchDb::new(4));
+        let queue = rt.block_on(db.queue());
+        rt.block_on(db.load(depth, 0));
+        group.bench_with_input(BenchmarkId::new("ours", depth), &depth, |b, _| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = queue.clone();
+                async move {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        let jobs = queue.claim(req(1)).await.unwrap().jobs;
+                        spent += start.elapsed();
+                        let back: Vec<_> = jobs
+                            .iter()
+                            .map(|j| (j.claim(), Finalize::Release))
+                            .collect();
+                        queue.finalize_many(&back).await.unwrap();
+                    }
+                    spent
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("seed_form", depth), &depth, |b, _| {
+            let pool = db.pool.clone();
+            b.to_async(&rt).iter_custom(|iters| {
+                let pool = pool.clone();
+                async move {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        let rows = sqlx::query(AssertSqlSafe(SEED_FORM_CLAIM))
+                            .bind(1_i64)
+                            .bind(90.0_f64)
+                            .fetch_all(&pool)
+                            .await
+                            .unwrap();
+                        spent += start.elapsed();
+                        assert_eq!(rows.len(), 1);
+                        sqlx::query("UPDATE queue_jobs SET status = 'pending', attempts = attempts - 1 WHERE status = 'in_flight'")
+                            .execute(&pool)
+                            .await
+                            .unwrap();
+                    }
+                    spent
+                }
+            })
+        });
+        rt.block_on(db.drop_db());
+    }
+    group.finish();
+}
+
+fn finalize(c: &mut Criterion) {
+    let rt = runtime();
+    let db = rt.block_on(ScratchDb::new(4));
+    let queue = rt.block_on(db.queue());
+    rt.block_on(db.load(50_000, 0));
+    let mut group = c.benchmark_group("finalize");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
+    group.throughput(Throughput::Elements(100));
+    for batched in [false, true] {
+        let name = if batched { "batched" } else { "one_by_one" };
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = queue.clone();
+                async move {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let jobs = queue.claim(req(100)).await.unwrap().jobs;
+                        // Release (not complete) keeps the backlog from draining between samples.
+                        let items: Vec<_> = jobs
+                            .iter()
+                            .map(|j| (j.claim(), Finalize::Release))
+                            .collect();
+                        let start = Instant::now();
+                        if batched {
+                            queue.finalize_many(&items).await.unwrap();
+                        } else {
+                            for (claim, action) in &items {
+                                let _ = queue.finalize(*claim, action).await.unwrap();
+                            }
+                        }
+                        spent += start.elapsed();
+                    }
+                    spent
+                }
+            })
+        });
+    }
+    group.finish();
+    rt.block_on(db.drop_db());
+}
+
+criterion_group!(benches, claim_batches, claim_against_backlog, finalize);
+criterion_main!(benches);
