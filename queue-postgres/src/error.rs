@@ -38,6 +38,14 @@ pub enum PgError {
         status: String,
     },
 
+    /// An enqueue's unique key conflicted, but the job holding the key could not be read back
+    /// (deleted in between, or invisible to the caller's snapshot). Nothing was inserted.
+    #[error("unique key {key:?} conflicted but the job holding it could not be found")]
+    UniqueKeyHolderMissing {
+        /// The key.
+        key: String,
+    },
+
     /// A configuration value was refused.
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),

@@ -249,11 +249,8 @@ impl PgQueue {
                     duplicate: false,
                 });
             } else {
-                let key = key.ok_or_else(|| {
-                    PgError::Database(sqlx::Error::Protocol(
-                        "an enqueue without a unique key was not inserted".into(),
-                    ))
-                })?;
+                // Only a unique-key conflict skips an insert, so a skipped row has a key.
+                let key = key.unwrap_or_default();
                 // A placeholder; resolved below to the job that holds the key.
                 out.push(Enqueued {
                     id,
@@ -280,11 +277,10 @@ impl PgQueue {
                 }
             }
             for (index, key) in unresolved {
-                let id = first_by_key.get(&key).copied().ok_or_else(|| {
-                    PgError::Database(sqlx::Error::Protocol(format!(
-                        "unique key {key:?} conflicted but its job is gone (deleted meanwhile?)"
-                    )))
-                })?;
+                let id = first_by_key
+                    .get(&key)
+                    .copied()
+                    .ok_or(PgError::UniqueKeyHolderMissing { key })?;
                 out[index].id = id;
             }
         }
@@ -524,33 +520,35 @@ impl Backend for PgQueue {
 
     async fn cancel(&self, id: JobId) -> queue_core::Result<CancelOutcome> {
         let queue = self.inner.config.queue.as_str();
-        let done = self
-            .q(&self.inner.sql.cancel_pending)
-            .bind(id.0)
-            .bind(queue)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?;
-        if done.rows_affected() == 1 {
-            return Ok(CancelOutcome::Cancelled);
+        loop {
+            let done = self
+                .q(&self.inner.sql.cancel_pending)
+                .bind(id.0)
+                .bind(queue)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(PgError::from)?;
+            if done.rows_affected() == 1 {
+                return Ok(CancelOutcome::Cancelled);
+            }
+            let status: Option<String> = self
+                .q(&self.inner.sql.status_of)
+                .bind(id.0)
+                .bind(queue)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(PgError::from)?
+                .map(|row| row.get(0));
+            return Ok(match status {
+                None => CancelOutcome::NotFound,
+                Some(status) => match parse_status(id.0, status)? {
+                    JobStatus::InFlight => CancelOutcome::InFlight,
+                    // Released or retried between the two statements: pending again, try again.
+                    JobStatus::Pending => continue,
+                    terminal => CancelOutcome::AlreadyTerminal(terminal),
+                },
+            });
         }
-        let status: Option<String> = self
-            .q(&self.inner.sql.status_of)
-            .bind(id.0)
-            .bind(queue)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?
-            .map(|row| row.get(0));
-        Ok(match status {
-            None => CancelOutcome::NotFound,
-            Some(status) => match parse_status(id.0, status)? {
-                JobStatus::InFlight => CancelOutcome::InFlight,
-                // Pending but not cancelled means it was claimed in between: now in flight.
-                JobStatus::Pending => CancelOutcome::InFlight,
-                terminal => CancelOutcome::AlreadyTerminal(terminal),
-            },
-        })
     }
 
     async fn get(&self, id: JobId) -> queue_core::Result<Option<JobRecord>> {
