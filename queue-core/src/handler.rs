@@ -74,6 +74,7 @@ pub struct JobContext {
     reclaims: i32,
     claimed_at: DateTime<Utc>,
     cancellation: CancellationToken,
+    lease_deadline: Option<tokio::time::Instant>,
 }
 
 impl JobContext {
@@ -88,7 +89,25 @@ impl JobContext {
             reclaims: job.reclaims,
             claimed_at: job.claimed_at,
             cancellation,
+            lease_deadline: None,
         }
+    }
+
+    /// Sets the local estimate of when the lease ends (the worker measures it from just before
+    /// the claim was sent, so it errs early).
+    pub fn with_lease_deadline(mut self, deadline: tokio::time::Instant) -> Self {
+        self.lease_deadline = Some(deadline);
+        self
+    }
+
+    /// How much of the lease is left, by the local estimate; `Duration::MAX` when unknown (a
+    /// context built by hand, or a heartbeating handler whose lease keeps moving). A handler
+    /// about to make an external call that could outlive the lease should not start it: return
+    /// [`JobError::release`] instead, so the job goes back unharmed.
+    pub fn lease_remaining(&self) -> Duration {
+        self.lease_deadline
+            .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .unwrap_or(Duration::MAX)
     }
 
     /// The queue.
@@ -150,6 +169,9 @@ pub enum ErrorAction {
     Fatal,
     /// Cancel the job: it must not run again, and it did not fail.
     Cancel,
+    /// Give the job back untouched (it did not run): `pending` at its place in line, the
+    /// attempt not counted.
+    Release,
 }
 
 /// A handler's failure, carrying the intent for what happens next.
@@ -185,6 +207,12 @@ impl JobError {
     /// The job should not run again (it became moot).
     pub fn cancel(reason: impl Into<BoxError>) -> Self {
         JobError::new(ErrorAction::Cancel, reason)
+    }
+
+    /// The job did not run and should go back as it was (for example: too little lease left to
+    /// start an external call safely).
+    pub fn release(reason: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::Release, reason)
     }
 
     /// The intent.

@@ -290,7 +290,7 @@ impl std::fmt::Debug for MemoryBackend {
     }
 }
 
-type CommitEffect = Box<dyn FnOnce() + Send>;
+type Effect = Box<dyn FnOnce() + Send>;
 
 /// A transaction of the in-memory backend.
 ///
@@ -301,7 +301,8 @@ type CommitEffect = Box<dyn FnOnce() + Send>;
 pub struct MemoryTx {
     state: Option<OwnedMutexGuard<State>>,
     undo: Vec<(i64, Option<JobRecord>)>,
-    on_commit: Vec<CommitEffect>,
+    on_commit: Vec<Effect>,
+    on_rollback: Vec<Effect>,
     wake: Option<Arc<Notify>>,
     now: DateTime<Utc>,
 }
@@ -311,6 +312,14 @@ impl MemoryTx {
     /// hook stages domain writes (a status map, an outbox vector) atomically with the job.
     pub fn on_commit(&mut self, effect: impl FnOnce() + Send + 'static) {
         self.on_commit.push(Box::new(effect));
+    }
+
+    /// Runs `undo` if the transaction rolls back (or is dropped uncommitted), and never if it
+    /// commits: how an in-memory hook takes back a write it made in place, so that later hooks
+    /// of the same transaction see it (as they would in a database transaction). Undo effects run
+    /// in reverse order of registration.
+    pub fn on_rollback(&mut self, undo: impl FnOnce() + Send + 'static) {
+        self.on_rollback.push(Box::new(undo));
     }
 
     fn state(&mut self) -> &mut State {
@@ -324,6 +333,9 @@ impl MemoryTx {
             }
         }
         self.on_commit.clear();
+        for undo in self.on_rollback.drain(..).rev() {
+            undo();
+        }
     }
 }
 
@@ -337,6 +349,7 @@ impl Drop for MemoryTx {
 impl BackendTx for MemoryTx {
     async fn commit(mut self) -> Result<()> {
         self.undo.clear();
+        self.on_rollback.clear();
         self.state.take();
         for effect in self.on_commit.drain(..) {
             effect();
@@ -395,6 +408,7 @@ impl Backend for MemoryBackend {
             state: Some(guard),
             undo: Vec::new(),
             on_commit: Vec::new(),
+            on_rollback: Vec::new(),
             wake: None,
             now: self.now(),
         })

@@ -333,3 +333,60 @@ async fn worker_refuses_a_lease_below_twice_the_timeout() {
         crate::Error::Config(crate::ConfigError::LeaseTooShortForTimeout { .. })
     ));
 }
+
+#[tokio::test]
+async fn memory_tx_undoes_in_place_writes_on_rollback_only() {
+    use crate::BackendTx;
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let queue = MemoryBackend::new();
+    for commit in [false, true] {
+        let mut tx = queue.begin().await.unwrap();
+        let (undo, done) = (log.clone(), log.clone());
+        tx.on_rollback(move || undo.lock().unwrap().push(format!("undo {commit}")));
+        tx.on_commit(move || done.lock().unwrap().push(format!("commit {commit}")));
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            drop(tx); // dropped uncommitted = rolled back
+        }
+    }
+    assert_eq!(*log.lock().unwrap(), vec!["undo false", "commit true"]);
+}
+
+struct ReportsLease(Arc<std::sync::Mutex<Option<Duration>>>);
+
+impl Handler for ReportsLease {
+    type Payload = Value;
+    async fn handle(&self, ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        *self.0.lock().unwrap() = Some(ctx.lease_remaining());
+        Err(JobError::release("not now"))
+    }
+}
+
+#[tokio::test]
+async fn handlers_see_the_lease_left_and_can_release_without_counting_an_attempt() {
+    let queue = MemoryBackend::new();
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let worker = Worker::new(
+        queue.clone(),
+        ReportsLease(seen.clone()),
+        no_backoff(WorkerConfig::default()),
+    )
+    .unwrap()
+    .start();
+    worker.wait_for(|s| s.released >= 1).await;
+    worker.shutdown().await.unwrap();
+    let left = seen.lock().unwrap().expect("the handler ran");
+    assert!(
+        left <= Lease::DEFAULT.duration() && left > Duration::from_secs(80),
+        "{left:?}"
+    );
+    let row = queue.get(id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Pending);
+    assert_eq!(row.attempts, 0, "a release must give the attempt back");
+}

@@ -433,7 +433,8 @@ async fn start_buffered<B: Backend, H: Handler>(
         }
         let cancel = CancellationToken::new();
         let claim = next.job.claim();
-        let task = running.spawn(run_job(shared.clone(), next.job, cancel.clone()));
+        let deadline = next.lease_started + shared.config.lease.duration();
+        let task = running.spawn(run_job(shared.clone(), next.job, cancel.clone(), deadline));
         owners.insert(task.id(), Running { claim, cancel });
         shared.stats.send_modify(|s| s.started += 1);
     }
@@ -534,6 +535,7 @@ async fn run_job<B: Backend, H: Handler>(
     shared: Arc<Shared<B, H>>,
     job: ClaimedJob,
     cancel: CancellationToken,
+    lease_deadline: Instant,
 ) {
     let span = tracing::info_span!(
         "queue.job",
@@ -555,7 +557,7 @@ async fn run_job<B: Backend, H: Handler>(
                 }
             }
             Ok(payload) => {
-                let result = run_handler(&shared, &job, payload, cancel).await;
+                let result = run_handler(&shared, &job, payload, cancel, lease_deadline).await;
                 decide(&shared.config.retry, &job, result)
             }
         };
@@ -579,8 +581,12 @@ async fn run_handler<B: Backend, H: Handler>(
     job: &ClaimedJob,
     payload: H::Payload,
     cancel: CancellationToken,
+    lease_deadline: Instant,
 ) -> Result<(), JobError> {
-    let ctx = JobContext::new(shared.backend.queue().clone(), job, cancel.clone());
+    let mut ctx = JobContext::new(shared.backend.queue().clone(), job, cancel.clone());
+    if !shared.handler.runs_long() {
+        ctx = ctx.with_lease_deadline(lease_deadline);
+    }
     let handler = shared.handler.clone();
     // Its own task, so a panic is caught as a JoinError instead of killing the job task.
     let mut run = AbortOnDrop(tokio::spawn(
@@ -644,6 +650,7 @@ fn decide(policy: &RetryPolicy, job: &ClaimedJob, result: Result<(), JobError>) 
     match err.action() {
         ErrorAction::Fatal => Finalize::FailTerminal { error },
         ErrorAction::Cancel => Finalize::Cancel { reason: error },
+        ErrorAction::Release => Finalize::Release,
         ErrorAction::Retry | ErrorAction::RetryAfter(_) if policy.gives_up_after(previous) => {
             Finalize::FailTerminal {
                 error: format!(
@@ -897,6 +904,10 @@ mod tests {
             decide(&policy, &job(1, 0), Err(JobError::cancel("moot"))),
             Finalize::Cancel { .. }
         ));
+        assert_eq!(
+            decide(&policy, &job(9, 0), Err(JobError::release("no lease left"))),
+            Finalize::Release
+        );
         assert!(matches!(
             decide(&policy, &job(1, 0), Err(JobError::retry_after(Duration::from_secs(7), "later"))),
             Finalize::RetryAt { at: RunAt::After(d), .. } if d == Duration::from_secs(7)
