@@ -10,7 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-use benches::ScratchDb;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use queue_core::{Backend, ClaimRequest, Finalize, Lease};
 use sqlx::AssertSqlSafe;
@@ -41,9 +40,9 @@ RETURNING id, claim_generation
 
 fn claim_batches(c: &mut Criterion) {
     let rt = runtime();
-    let db = rt.block_on(ScratchDb::new(4));
-    let queue = rt.block_on(db.queue());
-    rt.block_on(db.load(100_000, 0));
+    let db = rt.block_on(benches::scratch_db());
+    let queue = rt.block_on(benches::queue(&db.pool));
+    rt.block_on(benches::load(&db.pool, 100_000, 0));
     let mut group = c.benchmark_group("claim/batch");
     group
         .sample_size(30)
@@ -82,9 +81,9 @@ fn claim_against_backlog(c: &mut Criterion) {
         .sample_size(20)
         .measurement_time(Duration::from_secs(5));
     for depth in [1_000u64, 200_000] {
-        let db = rt.block_on(ScratchDb::new(4));
-        let queue = rt.block_on(db.queue());
-        rt.block_on(db.load(depth, 0));
+        let db = rt.block_on(benches::scratch_db());
+        let queue = rt.block_on(benches::queue(&db.pool));
+        rt.block_on(benches::load(&db.pool, depth, 0));
         group.bench_with_input(BenchmarkId::new("ours", depth), &depth, |b, _| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = queue.clone();
@@ -136,9 +135,9 @@ fn claim_against_backlog(c: &mut Criterion) {
 
 fn finalize(c: &mut Criterion) {
     let rt = runtime();
-    let db = rt.block_on(ScratchDb::new(4));
-    let queue = rt.block_on(db.queue());
-    rt.block_on(db.load(50_000, 0));
+    let db = rt.block_on(benches::scratch_db());
+    let queue = rt.block_on(benches::queue(&db.pool));
+    rt.block_on(benches::load(&db.pool, 50_000, 0));
     let mut group = c.benchmark_group("finalize");
     group
         .sample_size(20)

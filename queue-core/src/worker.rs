@@ -164,6 +164,8 @@ pub struct ShutdownReport {
     /// Running jobs aborted after the deadline and grace; released (fenced) so that nothing
     /// waits for a lease to lapse.
     pub aborted: u64,
+    /// The worker's counters at the end, every outcome of the shutdown included.
+    pub stats: WorkerStats,
 }
 
 /// A worker: claims jobs of one queue and runs them with a handler.
@@ -400,6 +402,10 @@ async fn dispatch<B: Backend, H: Handler>(
         done.cancel();
         let _ = task.await;
     }
+    let report = ShutdownReport {
+        stats: *shared.stats.borrow(),
+        ..report
+    };
     tracing::info!(
         name: "queue.worker_stopped",
         released_unstarted = report.released_unstarted,

@@ -49,6 +49,8 @@
 //! ## Features
 //! * `sqlx` (default): the sqlx driver, [`PgQueue`]. Enable a TLS feature of sqlx in your own
 //!   crate if your database needs one.
+//! * `testing`: scratch databases and time travel for tests against a real PostgreSQL
+//!   (`queue_postgres::testing`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -62,6 +64,8 @@ mod listener;
 mod queue;
 #[cfg(feature = "sqlx")]
 pub mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::PgError;
 pub use ident::TableName;

@@ -287,6 +287,18 @@ impl PgQueue {
         Ok(out)
     }
 
+    /// Sends this queue's wake-up on `conn`, delivered when its transaction commits: for jobs
+    /// inserted by the adopter's own SQL (a legacy table with domain columns), so idle workers
+    /// start them at once instead of at their next poll.
+    pub async fn notify_in(&self, conn: &mut PgConnection) -> Result<(), PgError> {
+        sqlx::query(crate::sql::NOTIFY)
+            .bind(&self.inner.channel)
+            .bind(self.inner.config.queue.as_str())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome per
     /// item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; an item
     /// repeated in the same call applies at most once.

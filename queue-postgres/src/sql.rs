@@ -48,6 +48,10 @@ LEFT JOIN woken ON true
 ORDER BY input.ord
 "#;
 
+/// A wake-up for jobs inserted by the adopter's own SQL: `$1` channel, `$2` queue. Delivered
+/// when the surrounding transaction commits.
+pub const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
 /// The ids of existing jobs holding unique keys (after an enqueue conflict).
 /// `$1` queue, `$2` keys.
 pub const LOOKUP_UNIQUE: &str = r#"

@@ -1,0 +1,580 @@
+//! The exchange send-job queue: partner transmissions, sent at least once, finalized exactly
+//! once, with the transaction's status and the outbox events staged only after the job's fenced
+//! write applied.
+//!
+//! * [`SendHandler`] sends one transmission through its partner's adapter.
+//! * [`ExchangeStore`] is the domain storage with two implementations, [`PgExchange`] (the
+//!   `migrations/` schema, the pre-lease table upgraded) and [`MemExchange`] (in process).
+//! * Each store provides two finalize hooks: the terminal guard (the seed's D5: no
+//!   success↔failed flip) and the outbox stager (`exchange.sent` / `exchange.failed`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::{
+    Backend, Handler, Hooks, JobContext, JobError, Lease, QueueName, RetryPolicy, WorkerConfig,
+};
+use serde::{Deserialize, Serialize};
+
+pub mod demo;
+mod http;
+mod memory;
+pub mod partner_server;
+mod pg;
+
+pub use http::HttpPartner;
+pub use memory::MemExchange;
+pub use pg::{MIGRATOR, PgExchange};
+
+/// The queue name of send jobs.
+pub const QUEUE: &str = "exchange.send";
+
+/// The send-jobs table.
+pub const SEND_JOBS_TABLE: &str = "exchange_send_jobs";
+
+/// Every partner send is capped at 30 s unless its adapter says otherwise.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the lease must leave beyond two full send timeouts: the finalize transaction and pool
+/// waits. With the defaults: 2 × 30 s + 10 s = 70 s ≤ the 90 s lease.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(10);
+
+/// The queue name as a value.
+pub fn queue_name() -> QueueName {
+    QueueName::new(QUEUE).expect("a valid queue name")
+}
+
+/// A send job's arguments (the `payload` column of `exchange_send_jobs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendPayload {
+    /// The transaction this transmission belongs to.
+    pub transaction_id: i64,
+    /// The partner-side idempotency key.
+    pub correlation_id: String,
+    /// The partner's name.
+    pub partner: String,
+    /// The amount, in minor units.
+    pub amount_minor: i64,
+}
+
+/// A transaction's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransactionStatus {
+    /// Waiting for its send job.
+    Pending,
+    /// The partner accepted the transmission.
+    Success,
+    /// The transmission failed for good.
+    Failed,
+}
+
+impl TransactionStatus {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransactionStatus::Pending => "pending",
+            TransactionStatus::Success => "success",
+            TransactionStatus::Failed => "failed",
+        }
+    }
+
+    /// Parses the stored text.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Pending, Self::Success, Self::Failed]
+            .into_iter()
+            .find(|status| status.as_str() == s)
+    }
+
+    /// Success and failed are terminal: only `retry_failed_transaction` leaves `failed`.
+    pub fn is_terminal(self) -> bool {
+        self != TransactionStatus::Pending
+    }
+}
+
+/// An outbox event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// `exchange.sent`.
+    Sent,
+    /// `exchange.failed`.
+    Failed,
+}
+
+impl EventType {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Sent => "exchange.sent",
+            EventType::Failed => "exchange.failed",
+        }
+    }
+
+    /// The event and the transaction status a job outcome leads to; `None` for outcomes that do
+    /// not end the transmission (retry, release).
+    pub fn for_outcome(action: &queue_core::Finalize) -> Option<(EventType, TransactionStatus)> {
+        use queue_core::Finalize;
+        match action {
+            Finalize::Complete => Some((EventType::Sent, TransactionStatus::Success)),
+            Finalize::FailTerminal { .. } | Finalize::Cancel { .. } => {
+                Some((EventType::Failed, TransactionStatus::Failed))
+            }
+            Finalize::RetryAt { .. } | Finalize::Release => None,
+        }
+    }
+}
+
+/// A transaction as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionView {
+    /// Its id.
+    pub id: i64,
+    /// Its current idempotency key.
+    pub correlation_id: String,
+    /// Its partner.
+    pub partner: String,
+    /// The amount, in minor units.
+    pub amount_minor: i64,
+    /// Its status.
+    pub status: TransactionStatus,
+    /// How often `retry_failed_transaction` sent it again.
+    pub retries: i32,
+}
+
+/// An outbox event as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventView {
+    /// `exchange.sent` or `exchange.failed`.
+    pub event_type: EventType,
+    /// The transaction.
+    pub transaction_id: i64,
+    /// The idempotency key the transmission used.
+    pub correlation_id: String,
+    /// The send job whose outcome staged it.
+    pub send_job_id: i64,
+    /// The claim generation that applied that outcome.
+    pub claim_generation: i64,
+}
+
+/// What `retry_failed_transaction` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// The transaction is pending again, with a new idempotency key and a new send job.
+    Retried {
+        /// The new send job.
+        send_job_id: i64,
+        /// The new idempotency key.
+        correlation_id: String,
+    },
+    /// Only a failed transaction can be retried.
+    NotFailed(TransactionStatus),
+    /// No such transaction.
+    NotFound,
+}
+
+/// Totals over the whole exchange.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeSummary {
+    /// Transactions still pending.
+    pub pending: u64,
+    /// Transactions in success.
+    pub success: u64,
+    /// Transactions in failed.
+    pub failed: u64,
+    /// `exchange.sent` events.
+    pub sent_events: u64,
+    /// `exchange.failed` events.
+    pub failed_events: u64,
+    /// Idempotency keys with both an `exchange.sent` and an `exchange.failed` event.
+    pub conflicting_events: u64,
+    /// Events beyond the first of the same type for the same idempotency key.
+    pub duplicate_events: u64,
+}
+
+/// Errors of the exchange instance.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// The lease leaves too little room for the slowest partner.
+    #[error(
+        "lease {lease:?} is below 2 × the largest partner send timeout ({largest:?}) + \
+         {margin:?}: a send still in progress could be claimed and sent again"
+    )]
+    LeaseTooShort {
+        /// The configured lease.
+        lease: Duration,
+        /// The largest send timeout.
+        largest: Duration,
+        /// The required margin.
+        margin: Duration,
+    },
+    /// A queue error.
+    #[error(transparent)]
+    Queue(#[from] queue_core::Error),
+    /// A database error.
+    #[error(transparent)]
+    Postgres(#[from] queue_postgres::PgError),
+    /// Stored data outside the model.
+    #[error("corrupt exchange data: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for ExchangeError {
+    fn from(err: sqlx::Error) -> Self {
+        ExchangeError::Postgres(err.into())
+    }
+}
+
+/// Why a send did not go through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// No answer within the adapter's send timeout (the partner may still have processed it).
+    #[error("partner did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The partner answered with a non-success status.
+    #[error("partner answered HTTP {0}")]
+    Status(u16),
+    /// The request could not be sent or read.
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+impl SendError {
+    /// The handler's intent: client errors (4xx but 408 and 429) cannot be fixed by sending
+    /// again; everything else is retried under the policy.
+    pub fn into_job_error(self) -> JobError {
+        match self {
+            SendError::Status(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
+                JobError::fatal(self)
+            }
+            other => JobError::retry(other),
+        }
+    }
+}
+
+/// One transmission as a partner adapter sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Transmission<'a> {
+    /// The send job.
+    pub job_id: i64,
+    /// The claim generation of this attempt: a diagnostic header, never an idempotency key.
+    pub generation: i64,
+    /// The arguments.
+    pub payload: &'a SendPayload,
+}
+
+/// A partner behind an adapter.
+#[async_trait]
+pub trait Partner: Send + Sync + 'static {
+    /// The longest one send may take; the adapter enforces it.
+    fn send_timeout(&self) -> Duration;
+    /// Sends one transmission, with `payload.correlation_id` as its idempotency key.
+    async fn send(&self, transmission: Transmission<'_>) -> Result<(), SendError>;
+}
+
+/// A partner registry entry.
+#[derive(Clone)]
+pub enum PartnerEntry {
+    /// A partner that can be sent to.
+    Active(Arc<dyn Partner>),
+    /// A partner known by name whose endpoint cannot be resolved (not configured, withdrawn).
+    Unresolvable(String),
+}
+
+/// The partners by name.
+#[derive(Clone, Default)]
+pub struct Partners {
+    entries: HashMap<String, PartnerEntry>,
+}
+
+/// Why a partner could not be resolved: both end the transmission terminally.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// No partner of that name.
+    #[error("partner {0:?} is missing")]
+    Missing(String),
+    /// The partner exists but its endpoint cannot be resolved.
+    #[error("partner {name:?} cannot be resolved: {reason}")]
+    Unresolvable {
+        /// The partner.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Partners {
+    /// No partners.
+    pub fn new() -> Self {
+        Partners::default()
+    }
+
+    /// Registers an active partner.
+    pub fn with(mut self, name: impl Into<String>, partner: impl Partner) -> Self {
+        self.entries
+            .insert(name.into(), PartnerEntry::Active(Arc::new(partner)));
+        self
+    }
+
+    /// Registers a partner whose endpoint cannot be resolved.
+    pub fn with_unresolvable(mut self, name: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.entries
+            .insert(name.into(), PartnerEntry::Unresolvable(reason.into()));
+        self
+    }
+
+    /// The partner called `name`.
+    pub fn resolve(&self, name: &str) -> Result<Arc<dyn Partner>, ResolveError> {
+        match self.entries.get(name) {
+            None => Err(ResolveError::Missing(name.to_owned())),
+            Some(PartnerEntry::Unresolvable(reason)) => Err(ResolveError::Unresolvable {
+                name: name.to_owned(),
+                reason: reason.clone(),
+            }),
+            Some(PartnerEntry::Active(partner)) => Ok(partner.clone()),
+        }
+    }
+
+    /// The largest send timeout of the active partners.
+    pub fn largest_send_timeout(&self) -> Duration {
+        self.entries
+            .values()
+            .filter_map(|entry| match entry {
+                PartnerEntry::Active(partner) => Some(partner.send_timeout()),
+                PartnerEntry::Unresolvable(_) => None,
+            })
+            .max()
+            .unwrap_or(DEFAULT_SEND_TIMEOUT)
+    }
+}
+
+/// Sends one transmission per job.
+#[derive(Clone)]
+pub struct SendHandler {
+    partners: Arc<Partners>,
+}
+
+impl SendHandler {
+    /// A handler over `partners`.
+    pub fn new(partners: Partners) -> Self {
+        SendHandler {
+            partners: Arc::new(partners),
+        }
+    }
+}
+
+impl Handler for SendHandler {
+    type Payload = SendPayload;
+
+    async fn handle(&self, ctx: JobContext, payload: SendPayload) -> Result<(), JobError> {
+        // The two early terminal arms (partner missing, resolve miss): fail terminally through
+        // the same fenced finalize as every other outcome, so the hooks stamp and stage.
+        let partner = self
+            .partners
+            .resolve(&payload.partner)
+            .map_err(JobError::fatal)?;
+        let timeout = partner.send_timeout();
+        if ctx.lease_remaining() < timeout {
+            // A send that could outlive the lease could race a second sender: do not start it.
+            tracing::warn!(
+                name: "exchange.send_skipped_short_lease",
+                job_id = ctx.id().0,
+                lease_left_ms = ctx.lease_remaining().as_millis() as u64,
+                "exchange.send_skipped_short_lease"
+            );
+            return Err(JobError::release("too little lease left to send"));
+        }
+        let transmission = Transmission {
+            job_id: ctx.id().0,
+            generation: ctx.generation().0,
+            payload: &payload,
+        };
+        partner
+            .send(transmission)
+            .await
+            .map_err(SendError::into_job_error)
+    }
+}
+
+/// How the exchange's workers run.
+#[derive(Debug, Clone)]
+pub struct ExchangeConfig {
+    /// The claim lease (default 90 s).
+    pub lease: Lease,
+    /// Sends at once per worker (default 16).
+    pub concurrency: usize,
+    /// Sends per transmission before it fails terminally (default 5).
+    pub max_attempts: u32,
+    /// Backoff after the first failed send (default 1 s).
+    pub retry_base: Duration,
+    /// Poll interval when idle (default 1 s).
+    pub poll_interval: Duration,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            lease: Lease::DEFAULT,
+            concurrency: 16,
+            max_attempts: 5,
+            retry_base: Duration::from_secs(1),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ExchangeConfig {
+    /// The worker configuration, refusing a lease below 2 × the largest send timeout + margin.
+    pub fn worker_config(&self, partners: &Partners) -> Result<WorkerConfig, ExchangeError> {
+        let largest = partners.largest_send_timeout();
+        if self.lease.duration() < largest * 2 + LEASE_MARGIN {
+            return Err(ExchangeError::LeaseTooShort {
+                lease: self.lease.duration(),
+                largest,
+                margin: LEASE_MARGIN,
+            });
+        }
+        Ok(WorkerConfig {
+            concurrency: self.concurrency,
+            // A few claims ready to start; the handler refuses to send on too little lease.
+            prefetch: self.concurrency / 2,
+            poll_interval: self.poll_interval,
+            lease: self.lease,
+            // The adapter's own timeout fires first; this one catches a stuck adapter.
+            job_timeout: largest + LEASE_MARGIN / 2,
+            retry: RetryPolicy {
+                max_attempts: self.max_attempts,
+                base_delay: self.retry_base,
+                max_delay: (self.retry_base * 64).max(self.retry_base),
+                jitter: true,
+            },
+            ..WorkerConfig::default()
+        })
+    }
+}
+
+/// The exchange's storage: transactions, send jobs, outbox.
+pub trait ExchangeStore: Clone + Send + Sync + 'static {
+    /// The send queue's backend.
+    type Backend: Backend;
+
+    /// The send queue.
+    fn queue(&self) -> &Self::Backend;
+
+    /// The finalize hooks: the terminal guard, then the outbox stager.
+    fn hooks(&self) -> Hooks<Self::Backend>;
+
+    /// Creates transactions (partner, amount) with one send job each, in one transaction.
+    /// Returns the transaction ids.
+    fn create_transactions(
+        &self,
+        requests: &[(String, i64)],
+    ) -> impl Future<Output = Result<Vec<i64>, ExchangeError>> + Send;
+
+    /// The only legal exit from `failed`: back to pending with a new idempotency key and a new
+    /// send job, in one transaction.
+    fn retry_failed_transaction(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<RetryOutcome, ExchangeError>> + Send;
+
+    /// One transaction.
+    fn transaction(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<TransactionView>, ExchangeError>> + Send;
+
+    /// The outbox events of one transaction, oldest first.
+    fn events(&self, id: i64)
+    -> impl Future<Output = Result<Vec<EventView>, ExchangeError>> + Send;
+
+    /// Totals.
+    fn summary(&self) -> impl Future<Output = Result<ExchangeSummary, ExchangeError>> + Send;
+}
+
+/// Logs a refused terminal flip (the guard fired): the job's fenced write stays the source of
+/// truth, so the finalize goes on.
+pub(crate) fn guard_refused(transaction_id: i64, wanted: TransactionStatus, job_id: i64) {
+    tracing::warn!(
+        name: "exchange.transaction_guard_refused",
+        transaction_id,
+        wanted = wanted.as_str(),
+        job_id,
+        "exchange.transaction_guard_refused: the transaction is already terminal"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(Duration);
+
+    #[async_trait]
+    impl Partner for Fixed {
+        fn send_timeout(&self) -> Duration {
+            self.0
+        }
+        async fn send(&self, _t: Transmission<'_>) -> Result<(), SendError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn start_up_refuses_a_lease_too_short_for_the_slowest_partner() {
+        let partners = Partners::new()
+            .with("fast", Fixed(Duration::from_secs(5)))
+            .with("slow", Fixed(Duration::from_secs(45)));
+        let err = ExchangeConfig::default()
+            .worker_config(&partners)
+            .unwrap_err();
+        assert!(
+            matches!(err, ExchangeError::LeaseTooShort { largest, .. } if largest == Duration::from_secs(45))
+        );
+        assert!(
+            err.to_string()
+                .contains("2 × the largest partner send timeout")
+        );
+        let fine = Partners::new().with("fast", Fixed(DEFAULT_SEND_TIMEOUT));
+        let config = ExchangeConfig::default().worker_config(&fine).unwrap();
+        assert!(config.validate(false).is_ok());
+    }
+
+    #[test]
+    fn client_errors_are_fatal_the_rest_retried() {
+        use queue_core::ErrorAction;
+        assert_eq!(
+            SendError::Status(422).into_job_error().action(),
+            ErrorAction::Fatal
+        );
+        assert_eq!(
+            SendError::Status(429).into_job_error().action(),
+            ErrorAction::Retry
+        );
+        assert_eq!(
+            SendError::Status(503).into_job_error().action(),
+            ErrorAction::Retry
+        );
+        assert_eq!(
+            SendError::Timeout(Duration::from_secs(1))
+                .into_job_error()
+                .action(),
+            ErrorAction::Retry
+        );
+    }
+
+    #[test]
+    fn resolve_distinguishes_missing_from_unresolvable() {
+        let partners = Partners::new().with_unresolvable("umbrella", "endpoint withdrawn");
+        assert_eq!(
+            partners.resolve("initech").err(),
+            Some(ResolveError::Missing("initech".into()))
+        );
+        assert!(matches!(
+            partners.resolve("umbrella"),
+            Err(ResolveError::Unresolvable { .. })
+        ));
+    }
+}

@@ -1,0 +1,140 @@
+//! Test support (feature `testing`): scratch databases and time travel for tests that talk to a
+//! real PostgreSQL, for this workspace's tests and for adopters' own.
+//!
+//! ```no_run
+//! # async fn t() {
+//! let db = queue_postgres::testing::ScratchDb::new().await; // fresh database, migrations applied
+//! let queue = db.queue().await;
+//! // … exercise the queue; expire leases with `age_rows` instead of sleeping …
+//! queue_postgres::testing::age_rows(&db.pool, &queue_postgres::TableName::default(),
+//!     std::time::Duration::from_secs(120)).await;
+//! db.drop_db().await;
+//! # }
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
+
+use crate::{PgQueue, PgQueueConfig, TableName};
+
+/// The server tests use: `QUEUE_TEST_PG_URL`, or `postgres://postgres@127.0.0.1:5432`.
+pub fn server_url() -> String {
+    std::env::var("QUEUE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// A uniquely named database, created for one test and dropped by [`ScratchDb::drop_db`].
+#[derive(Debug)]
+pub struct ScratchDb {
+    /// Its name.
+    pub name: String,
+    /// A pool on it (12 connections).
+    pub pool: PgPool,
+    admin: PgConnectOptions,
+}
+
+impl ScratchDb {
+    /// A new database with the framework's migrations applied.
+    ///
+    /// # Panics
+    /// When PostgreSQL cannot be reached: tests that need it must fail, never skip, and the
+    /// message says how to start it.
+    pub async fn new() -> ScratchDb {
+        let db = ScratchDb::empty().await;
+        crate::migrate(&db.pool)
+            .await
+            .expect("apply the framework's migrations");
+        db
+    }
+
+    /// A new database with nothing in it.
+    pub async fn empty() -> ScratchDb {
+        ScratchDb::with_prefix("queue_test").await
+    }
+
+    /// A new empty database whose name starts with `prefix`.
+    pub async fn with_prefix(prefix: &str) -> ScratchDb {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let url = server_url();
+        let admin = format!("{url}/postgres")
+            .parse::<PgConnectOptions>()
+            .expect("QUEUE_TEST_PG_URL must be a postgres:// URL")
+            .disable_statement_logging();
+        let mut conn = admin.connect().await.unwrap_or_else(|err| {
+            panic!(
+                "PostgreSQL is not reachable at {url} ({err}). These tests need it and never skip: \
+                 start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
+                 or point QUEUE_TEST_PG_URL at a server"
+            )
+        });
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!(
+            "{prefix}_{}_{}_{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create the scratch database");
+        let pool = PgPoolOptions::new()
+            .max_connections(12)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(admin.clone().database(&name))
+            .await
+            .expect("connect to the scratch database");
+        ScratchDb { name, pool, admin }
+    }
+
+    /// Options for one more connection to this database, outside the pool.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.admin.clone().database(&self.name)
+    }
+
+    /// A queue handle on the standard table.
+    pub async fn queue(&self) -> PgQueue {
+        PgQueue::connect(self.pool.clone(), PgQueueConfig::default())
+            .await
+            .expect("the standard table passes the schema check")
+    }
+
+    /// Drops the database, ending every connection to it.
+    pub async fn drop_db(&self) {
+        // A connection still checked out (a forgotten listener) must not hang the test:
+        // DROP … WITH (FORCE) ends it anyway.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.pool.close()).await;
+        if let Ok(mut conn) = self.admin.connect().await {
+            let _ = sqlx::query(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            )))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+/// Moves every stored instant of a queue table back by `by`: to its rows, the database clock
+/// moved forward. The backend reads only `now()`, so this is how tests expire leases and bring
+/// scheduled jobs due without sleeping.
+pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET
+            next_attempt_at = next_attempt_at - make_interval(secs => $1),
+            claimed_at = claimed_at - make_interval(secs => $1),
+            created_at = created_at - make_interval(secs => $1),
+            updated_at = updated_at - make_interval(secs => $1),
+            finished_at = finished_at - make_interval(secs => $1)",
+        table.quoted()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the table's rows");
+}
