@@ -27,7 +27,7 @@ mod pg;
 
 pub use http::HttpPartner;
 pub use memory::MemExchange;
-pub use pg::{MIGRATOR, PgExchange};
+pub use pg::{MIGRATOR, PgExchange, StampOutcome, stamp_transaction};
 
 /// The queue name of send jobs.
 pub const QUEUE: &str = "exchange.send";

@@ -38,6 +38,8 @@ pub enum Behavior {
 /// What the partner saw of one idempotency key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyRecord {
+    /// POSTs received (counted on arrival, so a POST whose sender gave up still counts).
+    pub received: u32,
     /// POSTs answered 2xx: more than one is a duplicate send.
     pub accepted: u32,
     /// POSTs answered otherwise.
@@ -142,6 +144,13 @@ async fn answer(
         .get(IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    {
+        let mut recorded = state.lock().unwrap();
+        recorded.posts += 1;
+        if let Some(key) = &key {
+            recorded.keys.entry(key.clone()).or_default().received += 1;
+        }
+    }
     let status = match (behaviors.get(&name), &key) {
         (None, _) => StatusCode::NOT_FOUND,
         (Some(_), None) => StatusCode::BAD_REQUEST,
@@ -161,16 +170,13 @@ async fn answer(
             }
         }
     };
-    {
+    if let Some(key) = key {
         let mut recorded = state.lock().unwrap();
-        recorded.posts += 1;
-        if let Some(key) = key {
-            let record = recorded.keys.entry(key).or_default();
-            if status.is_success() {
-                record.accepted += 1;
-            } else {
-                record.rejected += 1;
-            }
+        let record = recorded.keys.entry(key).or_default();
+        if status.is_success() {
+            record.accepted += 1;
+        } else {
+            record.rejected += 1;
         }
     }
     Ok(Response::builder()

@@ -1,0 +1,527 @@
+//! The exchange end to end, against real PostgreSQL (a scratch database with the exchange's own
+//! migrations) and a real local HTTP partner server.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use queue_core::{
+    Backend, ClaimRequest, Finalize, FinalizeOutcome, Lease, Worker, WorkerHandle,
+    finalize_with_hooks,
+};
+use queue_examples::exchange::demo::{self, DemoConfig};
+use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
+use queue_examples::exchange::{
+    EventType, ExchangeConfig, ExchangeStore, HttpPartner, MIGRATOR, MemExchange, Partners,
+    PgExchange, RetryOutcome, SendHandler, TransactionStatus,
+};
+use queue_postgres::testing::ScratchDb;
+use queue_postgres::{TableName, upgrade_legacy_sql};
+use sqlx::Row;
+
+async fn exchange_db() -> (ScratchDb, PgExchange) {
+    let db = ScratchDb::with_prefix("exchange_test").await;
+    let store = PgExchange::migrate_and_connect(db.pool.clone())
+        .await
+        .expect("the exchange's migrations apply and the upgraded table passes the schema check");
+    (db, store)
+}
+
+fn quick(config: ExchangeConfig) -> ExchangeConfig {
+    ExchangeConfig {
+        retry_base: Duration::from_millis(10),
+        poll_interval: Duration::from_millis(50),
+        ..config
+    }
+}
+
+fn start<S: ExchangeStore>(
+    store: &S,
+    partners: &Partners,
+    config: &ExchangeConfig,
+) -> WorkerHandle {
+    Worker::new(
+        store.queue().clone(),
+        SendHandler::new(partners.clone()),
+        config.worker_config(partners).unwrap(),
+    )
+    .unwrap()
+    .hooks(store.hooks())
+    .start()
+}
+
+async fn wait_terminal<S: ExchangeStore>(store: &S, n: u64) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let s = store.summary().await.unwrap();
+            if s.success + s.failed >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every transaction should end");
+}
+
+fn small_demo() -> DemoConfig {
+    DemoConfig {
+        jobs: 600,
+        workers: 3,
+        concurrency: 8,
+        fail_rate: 0.1,
+        progress: false,
+        deadline: Duration::from_secs(120),
+        ..DemoConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_restart_under_load_on_postgres_sends_each_transmission_once() {
+    let (db, store) = exchange_db().await;
+    let report = demo::run(store.clone(), "postgres", &small_demo())
+        .await
+        .unwrap();
+    assert_eq!(report.duplicate_posts, 0, "{report}");
+    assert_eq!(report.conflicting_events, 0, "{report}");
+    assert_eq!(report.duplicate_events, 0, "{report}");
+    assert_eq!(report.sent + report.failed, 600, "{report}");
+    assert!(
+        report.released > 0,
+        "the restart should have released unstarted claims: {report}"
+    );
+    // One event per transaction, matching its status.
+    let summary = store.summary().await.unwrap();
+    assert_eq!(summary.sent_events, summary.success);
+    assert_eq!(summary.failed_events, summary.failed);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_restart_under_load_in_memory_sends_each_transmission_once() {
+    let store = MemExchange::new();
+    let report = demo::run(store.clone(), "memory", &small_demo())
+        .await
+        .unwrap();
+    assert!(report.is_clean(), "{report}");
+    let summary = store.summary().await.unwrap();
+    assert_eq!(summary.sent_events + summary.failed_events, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_guard_refuses_flips_and_retry_is_the_only_exit_from_failed() {
+    use queue_examples::exchange::{StampOutcome, stamp_transaction};
+    let (db, store) = exchange_db().await;
+    let ids = store
+        .create_transactions(&[("acme".into(), 1), ("acme".into(), 2)])
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    use TransactionStatus::*;
+    assert_eq!(
+        stamp_transaction(&mut conn, ids[0], Success).await.unwrap(),
+        StampOutcome::Applied
+    );
+    assert_eq!(
+        stamp_transaction(&mut conn, ids[0], Failed).await.unwrap(),
+        StampOutcome::Refused
+    );
+    assert_eq!(
+        stamp_transaction(&mut conn, ids[1], Failed).await.unwrap(),
+        StampOutcome::Applied
+    );
+    assert_eq!(
+        stamp_transaction(&mut conn, ids[1], Success).await.unwrap(),
+        StampOutcome::Refused
+    );
+    assert_eq!(
+        store.transaction(ids[0]).await.unwrap().unwrap().status,
+        Success
+    );
+    assert_eq!(
+        store.transaction(ids[1]).await.unwrap().unwrap().status,
+        Failed
+    );
+    assert_eq!(
+        store.retry_failed_transaction(ids[0]).await.unwrap(),
+        RetryOutcome::NotFailed(Success)
+    );
+    let before = store.transaction(ids[1]).await.unwrap().unwrap();
+    let RetryOutcome::Retried { correlation_id, .. } =
+        store.retry_failed_transaction(ids[1]).await.unwrap()
+    else {
+        panic!("a failed transaction must be retryable");
+    };
+    let after = store.transaction(ids[1]).await.unwrap().unwrap();
+    assert_eq!(after.status, Pending);
+    assert_ne!(
+        after.correlation_id, before.correlation_id,
+        "the correlation must be repointed"
+    );
+    assert_eq!(after.correlation_id, correlation_id);
+    assert_eq!(after.retries, 1);
+    assert_eq!(
+        store.retry_failed_transaction(999_999).await.unwrap(),
+        RetryOutcome::NotFound
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_flip_is_logged_and_stages_no_event_but_the_job_still_finalizes() {
+    let (db, store) = exchange_db().await;
+    let id = store
+        .create_transactions(&[("acme".into(), 5)])
+        .await
+        .unwrap()[0];
+    // The transaction is already terminal (say an operator marked it): the job's own outcome
+    // must still apply (it is the source of truth) but neither flip nor stage.
+    sqlx::query("UPDATE exchange_transactions SET status = 'success' WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let job = store
+        .queue()
+        .claim(ClaimRequest::new(1, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let failed = Finalize::FailTerminal {
+        error: "partner said no".into(),
+    };
+    let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &failed)
+        .await
+        .unwrap();
+    assert_eq!(outcome, FinalizeOutcome::Applied);
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Success
+    );
+    assert!(
+        store.events(id).await.unwrap().is_empty(),
+        "a refused flip staged an event"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_early_terminal_arms_stamp_failed_and_stage_the_event_without_sending() {
+    let (db, store) = exchange_db().await;
+    let server = PartnerServer::start(HashMap::from([(
+        "acme".to_owned(),
+        Behavior::Flaky {
+            fail_rate: 0.0,
+            latency: Duration::ZERO,
+        },
+    )]))
+    .await
+    .unwrap();
+    let partners = Partners::new()
+        .with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap())
+        .with_unresolvable("umbrella", "endpoint withdrawn");
+    let ids = store
+        .create_transactions(&[
+            ("initech".into(), 1),
+            ("umbrella".into(), 2),
+            ("acme".into(), 3),
+        ])
+        .await
+        .unwrap();
+    let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(&store, 3).await;
+    worker.shutdown().await.unwrap();
+    for (id, why) in [(ids[0], "missing"), (ids[1], "cannot be resolved")] {
+        let tx = store.transaction(id).await.unwrap().unwrap();
+        assert_eq!(tx.status, TransactionStatus::Failed);
+        let events = store.events(id).await.unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].event_type, EventType::Failed);
+        assert_eq!(events[0].correlation_id, tx.correlation_id);
+        let error: Option<String> = sqlx::query_scalar(
+            "SELECT last_error FROM exchange_send_jobs WHERE transaction_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(error.unwrap_or_default().contains(why));
+    }
+    assert_eq!(
+        store.transaction(ids[2]).await.unwrap().unwrap().status,
+        TransactionStatus::Success
+    );
+    assert_eq!(
+        server.posts(),
+        1,
+        "the doomed transmissions must not reach any partner"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partner_timeouts_and_5xx_retry_then_end_terminal_at_max_attempts() {
+    let (db, store) = exchange_db().await;
+    let server = PartnerServer::start(HashMap::from([
+        ("slow".to_owned(), Behavior::Slow(Duration::from_secs(2))),
+        ("down".to_owned(), Behavior::Always(503)),
+        ("picky".to_owned(), Behavior::Always(422)),
+    ]))
+    .await
+    .unwrap();
+    let timeout = Duration::from_millis(150);
+    let partners = Partners::new()
+        .with(
+            "slow",
+            HttpPartner::new(&server.endpoint("slow"))
+                .unwrap()
+                .with_timeout(timeout),
+        )
+        .with(
+            "down",
+            HttpPartner::new(&server.endpoint("down"))
+                .unwrap()
+                .with_timeout(timeout),
+        )
+        .with(
+            "picky",
+            HttpPartner::new(&server.endpoint("picky"))
+                .unwrap()
+                .with_timeout(timeout),
+        );
+    let ids = store
+        .create_transactions(&[("slow".into(), 1), ("down".into(), 2), ("picky".into(), 3)])
+        .await
+        .unwrap();
+    let config = quick(ExchangeConfig {
+        max_attempts: 3,
+        lease: Lease::from_secs(15).unwrap(),
+        ..ExchangeConfig::default()
+    });
+    let worker = start(&store, &partners, &config);
+    wait_terminal(&store, 3).await;
+    worker.shutdown().await.unwrap();
+    let keys = server.keys();
+    for (id, posts) in [(ids[0], 3), (ids[1], 3), (ids[2], 1)] {
+        let tx = store.transaction(id).await.unwrap().unwrap();
+        assert_eq!(tx.status, TransactionStatus::Failed, "transaction {id}");
+        let record = keys[&tx.correlation_id];
+        assert_eq!(record.received, posts, "POSTs for transaction {id}");
+        let events = store.events(id).await.unwrap();
+        assert_eq!(
+            events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+            vec![EventType::Failed]
+        );
+    }
+    let row = sqlx::query(
+        "SELECT attempts, last_error FROM exchange_send_jobs WHERE transaction_id = $1",
+    )
+    .bind(ids[0])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(row.get::<i32, _>(0), 3);
+    assert!(row.get::<String, _>(1).contains("did not answer"));
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retrying_a_failed_transaction_sends_it_under_a_new_key_without_conflicting_events() {
+    let (db, store) = exchange_db().await;
+    let server = PartnerServer::start(HashMap::from([(
+        "acme".to_owned(),
+        Behavior::Flaky {
+            fail_rate: 0.0,
+            latency: Duration::ZERO,
+        },
+    )]))
+    .await
+    .unwrap();
+    // First the partner is unknown to the worker: the transaction fails terminally.
+    let id = store
+        .create_transactions(&[("acme".into(), 9)])
+        .await
+        .unwrap()[0];
+    let none = Partners::new();
+    let worker = start(&store, &none, &quick(ExchangeConfig::default()));
+    wait_terminal(&store, 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Failed
+    );
+    // Fixed configuration, retried.
+    let RetryOutcome::Retried { correlation_id, .. } =
+        store.retry_failed_transaction(id).await.unwrap()
+    else {
+        panic!("retry refused");
+    };
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(&store, 1).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store.transaction(id).await.unwrap().unwrap().status != TransactionStatus::Success {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the retried transaction should succeed");
+    worker.shutdown().await.unwrap();
+    let events = store.events(id).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+        vec![EventType::Failed, EventType::Sent]
+    );
+    assert_eq!(events[1].correlation_id, correlation_id);
+    assert_eq!(store.summary().await.unwrap().conflicting_events, 0);
+    assert_eq!(server.keys()[&correlation_id].accepted, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_legacy_upgrade_heals_in_flight_legacy_rows() {
+    let db = ScratchDb::with_prefix("exchange_test").await;
+    // The service as it was: up to the outbox, before the lease.
+    MIGRATOR.run_to(20260101000003, &db.pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO exchange_transactions (partner, amount_minor, status) VALUES
+             ('acme', 10, 'pending'), ('acme', 20, 'pending'), ('acme', 30, 'success');
+         INSERT INTO exchange_send_jobs (transaction_id, status, attempts, next_attempt_at) VALUES
+             (1, 'in_flight', 1, now() - interval '3 hours'),
+             (2, 'in_flight', 2, now() - interval '2 hours'),
+             (3, 'sent',      1, now() - interval '1 day');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // The old binary's table fails the new binary's start-up check.
+    assert!(PgExchange::connect(db.pool.clone()).await.is_err());
+    // Deploy: the lease upgrade and the adoption migration.
+    let store = PgExchange::migrate_and_connect(db.pool.clone())
+        .await
+        .unwrap();
+    let statuses: Vec<(i64, String, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+        "SELECT transaction_id, status, claimed_at FROM exchange_send_jobs ORDER BY transaction_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(statuses[0].1, "in_flight");
+    assert_eq!(statuses[0].2, None, "no backfill of claimed_at");
+    assert_eq!(
+        statuses[2].1, "completed",
+        "'sent' maps to the framework's 'completed'"
+    );
+
+    let server = PartnerServer::start(HashMap::from([(
+        "acme".to_owned(),
+        Behavior::Flaky {
+            fail_rate: 0.0,
+            latency: Duration::ZERO,
+        },
+    )]))
+    .await
+    .unwrap();
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
+    // The stranded in-flight rows are re-claimed at once (NULL claimed_at = expired lease).
+    wait_terminal(&store, 3).await;
+    let report = worker.shutdown().await.unwrap();
+    assert_eq!(report.stats.completed, 2);
+    for id in [1, 2] {
+        let tx = store.transaction(id).await.unwrap().unwrap();
+        assert_eq!(tx.status, TransactionStatus::Success);
+        assert_eq!(store.events(id).await.unwrap().len(), 1);
+        assert_eq!(server.keys()[&tx.correlation_id].accepted, 1);
+    }
+    let reclaims: Vec<i32> = sqlx::query_scalar(
+        "SELECT reclaims FROM exchange_send_jobs WHERE transaction_id IN (1, 2) ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        reclaims,
+        vec![1, 1],
+        "legacy in-flight rows are taken over as expired leases"
+    );
+    db.drop_db().await;
+}
+
+#[test]
+fn the_committed_lease_migration_is_what_the_framework_generates() {
+    let committed = include_str!("../../migrations/20260101000004_send_jobs_claim_lease.sql");
+    let body = committed
+        .split_once("-- @generated-begin\n")
+        .expect("the generated marker")
+        .1;
+    let generated = upgrade_legacy_sql(
+        &TableName::new("exchange_send_jobs").unwrap(),
+        &queue_examples::exchange::queue_name(),
+        Some("idx_exchange_send_jobs_stuck_in_flight"),
+    )
+    .unwrap();
+    assert_eq!(
+        body, generated,
+        "regenerate the migration from upgrade_legacy_sql"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sender_stamps_nothing_and_stages_nothing() {
+    let (db, store) = exchange_db().await;
+    let id = store
+        .create_transactions(&[("acme".into(), 1)])
+        .await
+        .unwrap()[0];
+    let lease = Lease::DEFAULT;
+    let old = store
+        .queue()
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    queue_postgres::testing::age_rows(
+        &db.pool,
+        &TableName::new("exchange_send_jobs").unwrap(),
+        lease.duration() * 2,
+    )
+    .await;
+    let new = store
+        .queue()
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let hooks = store.hooks();
+    // The stale holder reports failure late: fenced, nothing stamped, no event.
+    let failed = Finalize::FailTerminal {
+        error: "late".into(),
+    };
+    let stale = finalize_with_hooks(store.queue(), &hooks, &old, &failed)
+        .await
+        .unwrap();
+    assert_eq!(stale, FinalizeOutcome::Stale);
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Pending
+    );
+    assert!(store.events(id).await.unwrap().is_empty());
+    let applied = finalize_with_hooks(store.queue(), &hooks, &new, &Finalize::Complete)
+        .await
+        .unwrap();
+    assert_eq!(applied, FinalizeOutcome::Applied);
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Success
+    );
+    let events = store.events(id).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].claim_generation, new.generation.0);
+    db.drop_db().await;
+}
