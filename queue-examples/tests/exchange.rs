@@ -525,3 +525,67 @@ async fn a_stale_sender_stamps_nothing_and_stages_nothing() {
     assert_eq!(events[0].claim_generation, new.generation.0);
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_binary_sends_and_drains_on_sigterm() {
+    let (db, store) = exchange_db().await;
+    let server = PartnerServer::start(HashMap::from([(
+        "acme".to_owned(),
+        Behavior::Flaky {
+            fail_rate: 0.0,
+            latency: Duration::from_millis(5),
+        },
+    )]))
+    .await
+    .unwrap();
+    store
+        .create_transactions(&(0..50).map(|i| ("acme".to_owned(), i)).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let url = format!("{}/{}", queue_postgres::testing::server_url(), db.name);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_exchange-worker"))
+        .arg("--database-url")
+        .arg(&url)
+        .arg("--partner")
+        .arg(format!("acme={}", server.endpoint("acme")))
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start exchange-worker");
+    wait_terminal(&store, 50).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the worker drains and exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    let summary = store.summary().await.unwrap();
+    assert_eq!((summary.success, summary.sent_events), (50, 50));
+    assert_eq!(server.duplicate_posts(), 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_worker_binary_refuses_a_lease_too_short_for_its_partners() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_exchange-worker"))
+        .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+        .args([
+            "--partner",
+            "acme=http://127.0.0.1:9/x",
+            "--lease-secs",
+            "60",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("2 × the largest partner send timeout"),
+        "{stderr}"
+    );
+}
