@@ -1,10 +1,12 @@
 //! The worker runtime: claim, run, finalize (fenced), heartbeat, shut down gracefully.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +19,8 @@ use crate::handler::{ErrorAction, Handler, JobContext, JobError};
 use crate::hooks::{FinalizeHook, Hooks, finalize_with_hooks};
 use crate::retry::RetryPolicy;
 use crate::types::{
-    Claim, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Finalize, FinalizeOutcome, Lease, RunAt,
+    Claim, ClaimBatch, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Finalize, FinalizeOutcome,
+    Lease, RunAt,
 };
 
 /// How a [`Worker`] runs. Every field has a named default; [`WorkerConfig::validate`] refuses
@@ -227,7 +230,9 @@ impl<B: Backend, H: Handler> Worker<B, H> {
         let (stats_tx, stats_rx) = watch::channel(WorkerStats::default());
         let stop = CancellationToken::new();
         let (completer, completer_task) = if self.config.batch_finalize && self.hooks.is_empty() {
-            let (tx, rx) = mpsc::channel(self.config.concurrency * 4 + 64);
+            let capacity =
+                (self.config.concurrency + self.config.prefetch).max(COMPLETER_BATCH) * 2;
+            let (tx, rx) = mpsc::channel(capacity);
             let done = CancellationToken::new();
             let task = tokio::spawn(run_completer(
                 self.backend.clone(),
@@ -319,6 +324,19 @@ struct Running {
     cancel: CancellationToken,
 }
 
+/// A claim in flight: the dispatcher keeps starting buffered jobs while it runs.
+type ClaimInFlight = Pin<Box<dyn Future<Output = (u32, Instant, Result<ClaimBatch>)> + Send>>;
+
+/// A wake-up that never comes, for backends without one.
+fn arm_wake(wake: &Option<Arc<Notify>>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    match wake {
+        // An owned `Notified` receives `notify_waiters` from the moment it exists, so a
+        // NOTIFY landing between an empty claim and the wait is not lost.
+        Some(notify) => Box::pin(notify.clone().notified_owned()),
+        None => Box::pin(std::future::pending()),
+    }
+}
+
 async fn dispatch<B: Backend, H: Handler>(
     shared: Arc<Shared<B, H>>,
     stop: CancellationToken,
@@ -329,71 +347,66 @@ async fn dispatch<B: Backend, H: Handler>(
     let mut buffer: VecDeque<Buffered> = VecDeque::new();
     let mut running: JoinSet<()> = JoinSet::new();
     let mut owners: HashMap<tokio::task::Id, Running> = HashMap::new();
+    let slots = config.concurrency + config.prefetch;
+    // Refill when at least half the slots (or half a batch) are free, or when idle: many small
+    // claims cost a round trip and a commit each, one larger claim costs little more.
+    let refill_at = (slots.min(config.max_batch as usize) / 2).max(1);
 
-    while !stop.is_cancelled() {
+    let mut claiming: Option<ClaimInFlight> = None;
+    // Whether work may be waiting: at start, after a full batch, a wake-up or a poll tick.
+    let mut poll_due = true;
+    let mut woken = arm_wake(&wake);
+    let poll = tokio::time::sleep(config.poll_interval);
+    tokio::pin!(poll);
+
+    loop {
         start_buffered(&shared, &mut buffer, &mut running, &mut owners).await;
-
-        let capacity =
-            (config.concurrency + config.prefetch).saturating_sub(running.len() + buffer.len());
-        let want = capacity.min(config.max_batch as usize) as u32;
-        // Register interest in a wake-up before claiming, so a NOTIFY that lands between an
-        // empty claim and the wait is not lost.
-        let notified = wake.as_ref().map(|n| n.notified());
-        let mut notified = std::pin::pin!(async move {
-            match notified {
-                Some(n) => n.await,
-                None => std::future::pending().await,
-            }
-        });
-        if want > 0 {
-            let request = ClaimRequest::new(want, config.lease).max_reclaims(config.max_reclaims);
-            let lease_started = Instant::now();
-            match shared.backend.claim(request).await {
-                Ok(batch) => {
-                    let got = (batch.jobs.len() + batch.dead.len()) as u32;
-                    shared.stats.send_modify(|s| {
-                        s.claimed += batch.jobs.len() as u64;
-                        s.dead += batch.dead.len() as u64;
-                    });
-                    for job in batch.jobs {
-                        if job.reclaims > 0 && job.attempts > 0 {
-                            tracing::info!(
-                                name: "queue.job_reclaimed",
-                                queue = %shared.backend.queue(),
-                                job_id = job.id.0,
-                                generation = job.generation.0,
-                                reclaims = job.reclaims,
-                                "queue.job_reclaimed"
-                            );
-                        }
-                        buffer.push_back(Buffered { job, lease_started });
-                    }
-                    start_buffered(&shared, &mut buffer, &mut running, &mut owners).await;
-                    if got == want {
-                        // A full batch: more work is likely waiting. Poll again at once.
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(
-                        name: "queue.claim_failed",
-                        queue = %shared.backend.queue(),
-                        error = %err,
-                        transient = err.is_transient(),
-                        "queue.claim_failed"
-                    );
-                }
+        if stop.is_cancelled() {
+            break;
+        }
+        if claiming.is_none() && poll_due {
+            let capacity = slots.saturating_sub(running.len() + buffer.len());
+            let idle = running.is_empty() && buffer.is_empty();
+            if capacity >= refill_at || (idle && capacity > 0) {
+                let want = capacity.min(config.max_batch as usize) as u32;
+                let request =
+                    ClaimRequest::new(want, config.lease).max_reclaims(config.max_reclaims);
+                let backend = shared.backend.clone();
+                poll_due = false;
+                claiming = Some(Box::pin(async move {
+                    let lease_started = Instant::now();
+                    (want, lease_started, backend.claim(request).await)
+                }));
             }
         }
         tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
+            (want, lease_started, result) = async { claiming.as_mut().expect("guarded").await },
+                if claiming.is_some() =>
+            {
+                claiming = None;
+                // A full batch means more work is likely waiting: claim again as soon as
+                // there is room.
+                poll_due = accept_claim(&shared, &mut buffer, want, lease_started, result);
+            }
             Some(joined) = running.join_next_with_id(), if !running.is_empty() => {
                 reap(&shared, joined, &mut owners);
             }
-            _ = &mut notified => {}
-            _ = tokio::time::sleep(config.poll_interval) => {}
+            _ = &mut woken => {
+                woken = arm_wake(&wake);
+                poll_due = true;
+            }
+            _ = &mut poll => {
+                poll.as_mut().reset(Instant::now() + config.poll_interval);
+                poll_due = true;
+            }
         }
+    }
+    // A claim already sent may have taken jobs: receive them so shutdown releases them.
+    if let Some(claim) = claiming.take() {
+        let (want, lease_started, result) = claim.await;
+        accept_claim(&shared, &mut buffer, want, lease_started, result);
     }
 
     let report = shut_down(&shared, buffer, running, owners).await;
@@ -414,6 +427,48 @@ async fn dispatch<B: Backend, H: Handler>(
         "queue.worker_stopped"
     );
     report
+}
+
+/// Buffers what a claim returned; true when it was a full batch.
+fn accept_claim<B: Backend, H: Handler>(
+    shared: &Shared<B, H>,
+    buffer: &mut VecDeque<Buffered>,
+    want: u32,
+    lease_started: Instant,
+    result: Result<ClaimBatch>,
+) -> bool {
+    let batch = match result {
+        Ok(batch) => batch,
+        Err(err) => {
+            tracing::warn!(
+                name: "queue.claim_failed",
+                queue = %shared.backend.queue(),
+                error = %err,
+                transient = err.is_transient(),
+                "queue.claim_failed"
+            );
+            return false;
+        }
+    };
+    let got = (batch.jobs.len() + batch.dead.len()) as u32;
+    shared.stats.send_modify(|s| {
+        s.claimed += batch.jobs.len() as u64;
+        s.dead += batch.dead.len() as u64;
+    });
+    for job in batch.jobs {
+        if job.reclaims > 0 {
+            tracing::info!(
+                name: "queue.job_reclaimed",
+                queue = %shared.backend.queue(),
+                job_id = job.id.0,
+                generation = job.generation.0,
+                reclaims = job.reclaims,
+                "queue.job_reclaimed"
+            );
+        }
+        buffer.push_back(Buffered { job, lease_started });
+    }
+    got == want
 }
 
 /// Starts buffered jobs while slots are free; releases those whose lease is too far gone.
@@ -593,21 +648,20 @@ async fn run_handler<B: Backend, H: Handler>(
     if !shared.handler.runs_long() {
         ctx = ctx.with_lease_deadline(lease_deadline);
     }
-    let handler = shared.handler.clone();
-    // Its own task, so a panic is caught as a JoinError instead of killing the job task.
-    let mut run = AbortOnDrop(tokio::spawn(
-        async move { handler.handle(ctx, payload).await },
-    ));
+    // Caught in place rather than in a task of its own: a panic becomes a retryable error
+    // without a spawn per job.
+    let run = CatchUnwind(Box::pin(shared.handler.handle(ctx, payload)));
     let _heartbeat = shared
         .handler
         .runs_long()
         .then(|| AbortOnDrop(tokio::spawn(heartbeat(shared.clone(), job.claim(), cancel))));
     let timeout = shared.config.job_timeout;
-    match tokio::time::timeout(timeout, &mut run.0).await {
+    match tokio::time::timeout(timeout, run).await {
         Ok(Ok(result)) => result,
-        Ok(Err(join_err)) => {
-            tracing::error!(name: "queue.handler_panicked", error = %join_err, "queue.handler_panicked");
-            Err(JobError::retry(format!("handler panicked: {join_err}")))
+        Ok(Err(panic)) => {
+            let message = panic_message(&panic);
+            tracing::error!(name: "queue.handler_panicked", error = %message, "queue.handler_panicked");
+            Err(JobError::retry(format!("handler panicked: {message}")))
         }
         Err(_) => {
             tracing::warn!(name: "queue.handler_timed_out", timeout_ms = timeout.as_millis() as u64, "queue.handler_timed_out");
@@ -616,6 +670,33 @@ async fn run_handler<B: Backend, H: Handler>(
             )))
         }
     }
+}
+
+/// Polls a future, turning a panic inside it into an error.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".to_owned())
 }
 
 /// Extends the lease every third of it; a stale heartbeat means the lease is lost: cancel.

@@ -1,0 +1,249 @@
+//! `queue-bench`: end-to-end throughput and start latency of the worker runtime on PostgreSQL.
+//!
+//! ```text
+//! cargo run --release -p benches --bin queue-bench -- --jobs 20000 --workers 8 [--runs 3]
+//!     [--batch 500] [--latency-jobs 1000] [--rate 200]
+//! ```
+//! Per run, on a fresh scratch database: enqueue `--jobs` noop jobs in batches of 1000 (timed),
+//! then drain them with one worker of concurrency `--workers` until SQL confirms every job
+//! completed (timed). Then the latency phase: an idle worker with `LISTEN`, `--latency-jobs`
+//! enqueued one at a time at `--rate` per second; the time from each enqueue call to its handler
+//! starting. Medians over the runs. The last line:
+//! `bench: jobs=N workers=W enqueue_jps=E process_jps=P p50_start_ms=A p99_start_ms=B duplicates=D`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use queue_core::{Backend, Handler, JobContext, JobError, NewJob, Worker, WorkerConfig};
+use queue_postgres::{PgQueue, PgQueueConfig};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+/// Counts runs per job id (ids of one run are dense from `first`).
+struct Counting {
+    first: i64,
+    runs: Arc<Vec<AtomicU32>>,
+}
+
+impl Handler for Counting {
+    type Payload = serde_json::Value;
+    async fn handle(&self, ctx: JobContext, _payload: serde_json::Value) -> Result<(), JobError> {
+        if let Some(slot) = usize::try_from(ctx.id().0 - self.first)
+            .ok()
+            .and_then(|i| self.runs.get(i))
+        {
+            slot.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Records when each job started.
+struct Stamping {
+    started: Arc<Mutex<Vec<(i64, Instant)>>>,
+}
+
+impl Handler for Stamping {
+    type Payload = serde_json::Value;
+    async fn handle(&self, ctx: JobContext, _payload: serde_json::Value) -> Result<(), JobError> {
+        let now = Instant::now();
+        self.started.lock().await.push((ctx.id().0, now));
+        Ok(())
+    }
+}
+
+struct Options {
+    jobs: usize,
+    workers: usize,
+    batch: u32,
+    runs: usize,
+    latency_jobs: usize,
+    rate: f64,
+}
+
+fn parse() -> Result<Options, String> {
+    let mut o = Options {
+        jobs: 20_000,
+        workers: 8,
+        batch: 500,
+        runs: 1,
+        latency_jobs: 1000,
+        rate: 200.0,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--jobs" => o.jobs = value.parse().map_err(|e| bad(&e))?,
+            "--workers" => o.workers = value.parse().map_err(|e| bad(&e))?,
+            "--batch" => o.batch = value.parse().map_err(|e| bad(&e))?,
+            "--runs" => o.runs = value.parse().map_err(|e| bad(&e))?,
+            "--latency-jobs" => o.latency_jobs = value.parse().map_err(|e| bad(&e))?,
+            "--rate" => o.rate = value.parse().map_err(|e| bad(&e))?,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(o)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn completed(queue: &PgQueue) -> u64 {
+    queue.counts().await.expect("counts").completed
+}
+
+/// Enqueue, then drain; returns (enqueue jobs/s, process jobs/s, duplicates).
+async fn throughput_run(o: &Options) -> (f64, f64, u64) {
+    let db = benches::scratch_db().await;
+    let queue = benches::queue(&db.pool).await;
+    let start = Instant::now();
+    let mut ids = Vec::with_capacity(o.jobs);
+    for chunk in (0..o.jobs).collect::<Vec<_>>().chunks(1000) {
+        let jobs = chunk
+            .iter()
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        ids.extend(
+            queue
+                .enqueue_many(jobs)
+                .await
+                .expect("enqueue")
+                .into_iter()
+                .map(|e| e.id.0),
+        );
+    }
+    let enqueue_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
+    let first = *ids.iter().min().expect("jobs");
+    let last = *ids.iter().max().expect("jobs");
+    let runs: Arc<Vec<AtomicU32>> = Arc::new((first..=last).map(|_| AtomicU32::new(0)).collect());
+
+    let config = WorkerConfig {
+        concurrency: o.workers,
+        prefetch: o.batch as usize,
+        max_batch: o.batch,
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let handler = Counting {
+        first,
+        runs: runs.clone(),
+    };
+    let start = Instant::now();
+    let worker = Worker::new(queue.clone(), handler, config)
+        .expect("config")
+        .start();
+    worker.wait_for(|s| s.completed >= o.jobs as u64).await;
+    // The worker's count is what it wrote; the database must agree.
+    while completed(&queue).await < o.jobs as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let process_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
+    worker.shutdown().await.expect("shutdown");
+    let invocations: u64 = runs
+        .iter()
+        .map(|r| u64::from(r.load(Ordering::Relaxed)))
+        .sum();
+    db.drop_db().await;
+    (
+        enqueue_jps,
+        process_jps,
+        invocations.saturating_sub(o.jobs as u64),
+    )
+}
+
+/// Start latency with NOTIFY: returns (p50 ms, p99 ms).
+async fn latency_run(o: &Options) -> (f64, f64) {
+    let db = benches::scratch_db().await;
+    let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
+        .await
+        .expect("schema");
+    let started = Arc::new(Mutex::new(Vec::with_capacity(o.latency_jobs)));
+    let config = WorkerConfig {
+        concurrency: o.workers,
+        // The poll is the fallback only: a job starting within the bench came through NOTIFY.
+        poll_interval: Duration::from_secs(5),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(
+        queue.clone(),
+        Stamping {
+            started: started.clone(),
+        },
+        config,
+    )
+    .expect("config")
+    .start();
+    // Let the worker go idle and the listener connect.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut enqueued = Vec::with_capacity(o.latency_jobs);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate));
+    for n in 0..o.latency_jobs {
+        tick.tick().await;
+        let at = Instant::now();
+        let id = queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .expect("enqueue")
+            .id
+            .0;
+        enqueued.push((id, at));
+    }
+    worker
+        .wait_for(|s| s.completed >= o.latency_jobs as u64)
+        .await;
+    worker.shutdown().await.expect("shutdown");
+    let started: std::collections::HashMap<i64, Instant> =
+        started.lock().await.iter().copied().collect();
+    let mut waits: Vec<f64> = enqueued
+        .iter()
+        .map(|(id, at)| started[id].saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    db.drop_db().await;
+    (percentile(&waits, 50.0), percentile(&waits, 99.0))
+}
+
+#[tokio::main]
+async fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("queue-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (mut enq, mut proc, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut duplicates = 0;
+    for run in 1..=o.runs.max(1) {
+        let (e, p, d) = throughput_run(&o).await;
+        let (p50, p99) = latency_run(&o).await;
+        println!(
+            "run {run}: enqueue_jps={e:.0} process_jps={p:.0} p50_start_ms={p50:.2} p99_start_ms={p99:.2} duplicates={d}"
+        );
+        enq.push(e);
+        proc.push(p);
+        p50s.push(p50);
+        p99s.push(p99);
+        duplicates += d;
+    }
+    println!(
+        "bench: jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={}",
+        o.jobs,
+        o.workers,
+        median(enq),
+        median(proc),
+        median(p50s),
+        median(p99s),
+        duplicates
+    );
+}
