@@ -4,9 +4,12 @@
 //!
 //! * `claim/batch/B`: one claim of B jobs out of a 100k backlog (the finalize of the claimed
 //!   jobs runs outside the timed section).
-//! * `claim_backlog/form/depth`: a claim of 1 at 1k and 200k due rows, for our statement and
-//!   for the seed's single-OR form (kept here only as the baseline it replaced).
+//! * `claim_backlog/form/shape`: a claim of 1 at 1k, 100k and 1M due rows and at 1k due among
+//!   1M finished rows, for our statement; at 1k and 100k also for the seed's single-OR form
+//!   (kept here only as the baseline it replaced).
 //! * `finalize/one_by_one` vs `finalize/batched`: completing 100 claimed jobs.
+//! * `enqueue/one` vs `enqueue/many_1000`.
+//! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
 
 use std::time::{Duration, Instant};
 
@@ -74,62 +77,138 @@ fn claim_batches(c: &mut Criterion) {
     rt.block_on(db.drop_db());
 }
 
+/// One claim of 1, timed; the job goes back (release) outside the timing so the depth stays.
+async fn claim_one_and_put_back(queue: &queue_postgres::PgQueue, iters: u64) -> Duration {
+    let mut spent = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        let jobs = queue.claim(req(1)).await.unwrap().jobs;
+        spent += start.elapsed();
+        assert_eq!(jobs.len(), 1);
+        let back: Vec<_> = jobs
+            .iter()
+            .map(|j| (j.claim(), Finalize::Release))
+            .collect();
+        queue.finalize_many(&back).await.unwrap();
+    }
+    spent
+}
+
 fn claim_against_backlog(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("claim_backlog");
     group
         .sample_size(20)
-        .measurement_time(Duration::from_secs(5));
-    for depth in [1_000u64, 200_000] {
+        .measurement_time(Duration::from_secs(4));
+    // (label, due rows, finished rows, also time the seed's form)
+    let shapes: [(&str, u64, u64, bool); 4] = [
+        ("due_1k", 1_000, 0, true),
+        ("due_100k", 100_000, 0, true),
+        ("due_1m", 1_000_000, 0, false),
+        ("due_1k_finished_1m", 1_000, 1_000_000, false),
+    ];
+    for (label, due, finished, seed_too) in shapes {
         let db = rt.block_on(benches::scratch_db());
         let queue = rt.block_on(benches::queue(&db.pool));
-        rt.block_on(benches::load(&db.pool, depth, 0));
-        group.bench_with_input(BenchmarkId::new("ours", depth), &depth, |b, _| {
+        rt.block_on(benches::load(&db.pool, due, finished));
+        group.bench_function(BenchmarkId::new("ours", label), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = queue.clone();
-                async move {
-                    let mut spent = Duration::ZERO;
-                    for _ in 0..iters {
-                        let start = Instant::now();
-                        let jobs = queue.claim(req(1)).await.unwrap().jobs;
-                        spent += start.elapsed();
-                        let back: Vec<_> = jobs
-                            .iter()
-                            .map(|j| (j.claim(), Finalize::Release))
-                            .collect();
-                        queue.finalize_many(&back).await.unwrap();
-                    }
-                    spent
-                }
+                async move { claim_one_and_put_back(&queue, iters).await }
             })
         });
-        group.bench_with_input(BenchmarkId::new("seed_form", depth), &depth, |b, _| {
-            let pool = db.pool.clone();
-            b.to_async(&rt).iter_custom(|iters| {
-                let pool = pool.clone();
-                async move {
-                    let mut spent = Duration::ZERO;
-                    for _ in 0..iters {
-                        let start = Instant::now();
-                        let rows = sqlx::query(AssertSqlSafe(SEED_FORM_CLAIM))
-                            .bind(1_i64)
-                            .bind(90.0_f64)
-                            .fetch_all(&pool)
-                            .await
-                            .unwrap();
-                        spent += start.elapsed();
-                        assert_eq!(rows.len(), 1);
-                        sqlx::query("UPDATE queue_jobs SET status = 'pending', attempts = attempts - 1 WHERE status = 'in_flight'")
-                            .execute(&pool)
-                            .await
-                            .unwrap();
+        if seed_too {
+            group.bench_function(BenchmarkId::new("seed_form", label), |b| {
+                let pool = db.pool.clone();
+                b.to_async(&rt).iter_custom(|iters| {
+                    let pool = pool.clone();
+                    async move {
+                        let mut spent = Duration::ZERO;
+                        for _ in 0..iters {
+                            let start = Instant::now();
+                            let rows = sqlx::query(AssertSqlSafe(SEED_FORM_CLAIM))
+                                .bind(1_i64)
+                                .bind(90.0_f64)
+                                .fetch_all(&pool)
+                                .await
+                                .unwrap();
+                            spent += start.elapsed();
+                            assert_eq!(rows.len(), 1);
+                            sqlx::query("UPDATE queue_jobs SET status = 'pending', attempts = attempts - 1 WHERE status = 'in_flight'")
+                                .execute(&pool)
+                                .await
+                                .unwrap();
+                        }
+                        spent
                     }
-                    spent
-                }
-            })
-        });
+                })
+            });
+        }
         rt.block_on(db.drop_db());
     }
+    group.finish();
+}
+
+fn enqueue(c: &mut Criterion) {
+    let rt = runtime();
+    let db = rt.block_on(benches::scratch_db());
+    let queue = rt.block_on(benches::queue(&db.pool));
+    let mut group = c.benchmark_group("enqueue");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("one", |b| {
+        b.to_async(&rt).iter(|| {
+            let queue = queue.clone();
+            async move {
+                queue
+                    .enqueue(queue_core::NewJob::from_value(
+                        serde_json::json!({ "n": 1 }),
+                    ))
+                    .await
+                    .unwrap()
+            }
+        })
+    });
+    group.throughput(Throughput::Elements(1000));
+    group.bench_function("many_1000", |b| {
+        b.to_async(&rt).iter(|| {
+            let queue = queue.clone();
+            async move {
+                let jobs = (0..1000)
+                    .map(|n| queue_core::NewJob::from_value(serde_json::json!({ "n": n })))
+                    .collect();
+                queue.enqueue_many(jobs).await.unwrap()
+            }
+        })
+    });
+    group.finish();
+    rt.block_on(db.drop_db());
+}
+
+fn memory_backend(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("memory");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(100));
+    group.bench_function("enqueue_claim_complete_100", |b| {
+        b.to_async(&rt).iter(|| async {
+            let queue = queue_core::MemoryBackend::new();
+            let jobs = (0..100)
+                .map(|n| queue_core::NewJob::from_value(serde_json::json!({ "n": n })))
+                .collect();
+            queue.enqueue_many(jobs).await.unwrap();
+            let claimed = queue.claim(req(100)).await.unwrap().jobs;
+            let done: Vec<_> = claimed
+                .iter()
+                .map(|j| (j.claim(), Finalize::Complete))
+                .collect();
+            queue.finalize_many(&done).await.unwrap()
+        })
+    });
     group.finish();
 }
 
@@ -176,5 +255,12 @@ fn finalize(c: &mut Criterion) {
     rt.block_on(db.drop_db());
 }
 
-criterion_group!(benches, claim_batches, claim_against_backlog, finalize);
+criterion_group!(
+    benches,
+    claim_batches,
+    claim_against_backlog,
+    finalize,
+    enqueue,
+    memory_backend
+);
 criterion_main!(benches);
