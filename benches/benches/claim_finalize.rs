@@ -10,6 +10,8 @@
 //! * `finalize/one_by_one` vs `finalize/batched`: completing 100 claimed jobs.
 //! * `enqueue/one` vs `enqueue/many_1000`.
 //! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
+//! * `drivers/{claim_100,finalize_100}/{sqlx,tokio-postgres}`: the two PostgreSQL drivers side by
+//!   side on one database.
 
 use std::time::{Duration, Instant};
 
@@ -149,6 +151,69 @@ fn claim_against_backlog(c: &mut Criterion) {
     group.finish();
 }
 
+/// Claims 100 (timed) and finalizes them batched (timed separately), putting them back.
+async fn claim_and_finalize_100<B: Backend>(queue: &B, iters: u64, time_claim: bool) -> Duration {
+    let mut spent = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        let jobs = queue.claim(req(100)).await.unwrap().jobs;
+        if time_claim {
+            spent += start.elapsed();
+        }
+        let back: Vec<_> = jobs
+            .iter()
+            .map(|j| (j.claim(), Finalize::Release))
+            .collect();
+        let start = Instant::now();
+        queue.finalize_many(&back).await.unwrap();
+        if !time_claim {
+            spent += start.elapsed();
+        }
+    }
+    spent
+}
+
+/// The two drivers side by side on the same database: claim of 100, batched finalize of 100.
+fn drivers(c: &mut Criterion) {
+    let rt = runtime();
+    let db = rt.block_on(benches::scratch_db());
+    rt.block_on(benches::load(&db.pool, 50_000, 0));
+    let sqlx_queue = rt.block_on(benches::queue(&db.pool));
+    let config = queue_postgres::PgQueueConfig {
+        listen: false,
+        ..queue_postgres::PgQueueConfig::default()
+    };
+    let tp_queue = rt
+        .block_on(queue_postgres::TpQueue::connect(
+            db.tokio_postgres_pool(4),
+            config,
+            db.tokio_postgres_config(),
+        ))
+        .unwrap();
+    let mut group = c.benchmark_group("drivers");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(100));
+    for (op, time_claim) in [("claim_100", true), ("finalize_100", false)] {
+        group.bench_function(BenchmarkId::new(op, "sqlx"), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = sqlx_queue.clone();
+                async move { claim_and_finalize_100(&queue, iters, time_claim).await }
+            })
+        });
+        group.bench_function(BenchmarkId::new(op, "tokio-postgres"), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = tp_queue.clone();
+                async move { claim_and_finalize_100(&queue, iters, time_claim).await }
+            })
+        });
+    }
+    group.finish();
+    drop(tp_queue);
+    rt.block_on(db.drop_db());
+}
+
 fn enqueue(c: &mut Criterion) {
     let rt = runtime();
     let db = rt.block_on(benches::scratch_db());
@@ -261,6 +326,7 @@ criterion_group!(
     claim_against_backlog,
     finalize,
     enqueue,
-    memory_backend
+    memory_backend,
+    drivers
 );
 criterion_main!(benches);

@@ -55,6 +55,16 @@ pub enum PgError {
     #[error("postgres: {0}")]
     Database(#[from] sqlx::Error),
 
+    /// tokio-postgres failed.
+    #[cfg(feature = "tokio-postgres")]
+    #[error("postgres: {0}")]
+    TokioPostgres(#[from] tokio_postgres::Error),
+
+    /// The deadpool-postgres pool failed to hand out a connection.
+    #[cfg(feature = "tokio-postgres")]
+    #[error("connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+
     /// Applying the framework's migrations failed.
     #[cfg(feature = "sqlx")]
     #[error("migrating the queue schema: {0}")]
@@ -68,6 +78,14 @@ impl PgError {
         match self {
             #[cfg(feature = "sqlx")]
             PgError::Database(err) => sqlx_is_transient(err),
+            #[cfg(feature = "tokio-postgres")]
+            PgError::TokioPostgres(err) => tokio_postgres_is_transient(err),
+            #[cfg(feature = "tokio-postgres")]
+            PgError::Pool(err) => match err {
+                deadpool_postgres::PoolError::Backend(err) => tokio_postgres_is_transient(err),
+                deadpool_postgres::PoolError::Timeout(_) => true,
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -91,6 +109,20 @@ fn sqlx_is_transient(err: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|c| sqlstate_is_transient(&c)),
         _ => false,
     }
+}
+
+#[cfg(feature = "tokio-postgres")]
+fn tokio_postgres_is_transient(err: &tokio_postgres::Error) -> bool {
+    use std::error::Error as _;
+    if err.is_closed() {
+        return true;
+    }
+    if let Some(code) = err.code() {
+        return sqlstate_is_transient(code.code());
+    }
+    // No SQLSTATE: a connection or I/O failure underneath.
+    err.source()
+        .is_some_and(|source| source.is::<std::io::Error>())
 }
 
 impl From<PgError> for queue_core::Error {

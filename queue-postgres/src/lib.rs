@@ -54,28 +54,36 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod batch;
+mod config;
 mod error;
 mod ident;
 pub mod sql;
+
+pub mod schema;
 
 #[cfg(feature = "sqlx")]
 mod listener;
 #[cfg(feature = "sqlx")]
 mod queue;
-#[cfg(feature = "sqlx")]
-pub mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "tokio-postgres")]
+mod tp;
+#[cfg(feature = "tokio-postgres")]
+mod tp_listener;
 
+pub use config::PgQueueConfig;
 pub use error::PgError;
 pub use ident::TableName;
+pub use schema::{MIGRATIONS_TABLE, create_table_sql, upgrade_legacy_sql};
+
+/// The `application_name` of `LISTEN` connections (visible in `pg_stat_activity`), both drivers.
+pub const LISTENER_APPLICATION_NAME: &str = "queue-listener";
 
 #[cfg(feature = "sqlx")]
-pub use listener::LISTENER_APPLICATION_NAME;
+pub use queue::{PgQueue, PgTx};
 #[cfg(feature = "sqlx")]
-pub use queue::{PgQueue, PgQueueConfig, PgTx};
-#[cfg(feature = "sqlx")]
-pub use schema::{
-    MIGRATIONS_TABLE, MIGRATOR, check_schema, create_table_sql, install_table, migrate,
-    upgrade_legacy_sql, upgrade_legacy_table,
-};
+pub use schema::{MIGRATOR, check_schema, install_table, migrate, upgrade_legacy_table};
+#[cfg(feature = "tokio-postgres")]
+pub use tp::{TpQueue, TpTx};

@@ -9,8 +9,7 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// The `application_name` of listener connections (visible in `pg_stat_activity`).
-pub const LISTENER_APPLICATION_NAME: &str = "queue-listener";
+use crate::LISTENER_APPLICATION_NAME;
 
 /// Stops the listener task when the last queue handle is dropped.
 #[derive(Debug)]

@@ -1,62 +1,25 @@
 //! `PgQueue`: the sqlx driver of the PostgreSQL backend.
 
-use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use queue_core::{
     Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
     ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
-    QueueCounts, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
+    QueueCounts, QueueName, RECLAIM_CAP_MESSAGE,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 use tokio::sync::Notify;
 
+use crate::batch::{self, EnqueueColumns, FinalizeColumns, parse_status};
+use crate::config::PgQueueConfig;
 use crate::error::PgError;
-use crate::ident::TableName;
 use crate::listener::{self, ListenerGuard};
 use crate::schema;
 use crate::sql::Statements;
-
-/// Where a [`PgQueue`] lives and how it wakes workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgQueueConfig {
-    /// The queue table (default `queue_jobs`, created by [`crate::migrate`]).
-    pub table: TableName,
-    /// The queue inside the table (default `default`).
-    pub queue: QueueName,
-    /// Send a `NOTIFY` with each enqueue, in its transaction (default true). Costs a little at
-    /// commit; lets idle workers start new jobs within milliseconds instead of at their next poll.
-    pub notify_on_enqueue: bool,
-    /// Keep a `LISTEN` connection and wake this handle's workers on notifications (default true).
-    pub listen: bool,
-}
-
-impl Default for PgQueueConfig {
-    fn default() -> Self {
-        PgQueueConfig {
-            table: TableName::default(),
-            queue: QueueName::default(),
-            notify_on_enqueue: true,
-            listen: true,
-        }
-    }
-}
-
-impl PgQueueConfig {
-    /// The queue `queue` in the table `table`, with wake-ups on.
-    pub fn new(table: TableName, queue: QueueName) -> Self {
-        PgQueueConfig {
-            table,
-            queue,
-            ..PgQueueConfig::default()
-        }
-    }
-}
 
 /// A queue in a PostgreSQL table, on a sqlx pool. Cloning is cheap and shares everything.
 ///
@@ -201,20 +164,7 @@ impl PgQueue {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let n = jobs.len();
-        let mut payloads = Vec::with_capacity(n);
-        let mut priorities = Vec::with_capacity(n);
-        let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-        let mut delays: Vec<Option<f64>> = Vec::with_capacity(n);
-        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
-        for job in jobs {
-            payloads.push(job.payload);
-            priorities.push(job.priority);
-            let (at, delay) = split_run_at(job.run_at);
-            run_ats.push(at);
-            delays.push(delay);
-            keys.push(job.unique_key);
-        }
+        let columns = EnqueueColumns::new(jobs);
         let channel = self
             .inner
             .config
@@ -224,65 +174,31 @@ impl PgQueue {
             .q(&self.inner.sql.enqueue)
             .bind(self.inner.config.queue.as_str())
             .bind(&self.inner.quoted_table)
-            .bind(payloads)
-            .bind(priorities)
-            .bind(run_ats)
-            .bind(delays)
-            .bind(keys)
+            .bind(columns.payloads)
+            .bind(columns.priorities)
+            .bind(columns.run_ats)
+            .bind(columns.delays)
+            .bind(columns.keys)
             .bind(channel)
             .fetch_all(&mut *conn)
             .await?;
-
-        let mut out = Vec::with_capacity(n);
-        let mut first_by_key: HashMap<String, JobId> = HashMap::new();
-        let mut unresolved: Vec<(usize, String)> = Vec::new();
-        for (index, row) in rows.iter().enumerate() {
-            let id = JobId(row.try_get(0)?);
-            let inserted: bool = row.try_get(1)?;
-            let key: Option<String> = row.try_get(2)?;
-            if inserted {
-                if let Some(key) = key {
-                    first_by_key.entry(key).or_insert(id);
-                }
-                out.push(Enqueued {
-                    id,
-                    duplicate: false,
-                });
-            } else {
-                // Only a unique-key conflict skips an insert, so a skipped row has a key.
-                let key = key.unwrap_or_default();
-                // A placeholder; resolved below to the job that holds the key.
-                out.push(Enqueued {
-                    id,
-                    duplicate: true,
-                });
-                unresolved.push((index, key));
-            }
-        }
+        let rows = rows
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let (mut out, unresolved) = batch::enqueued_from_rows(rows);
         if !unresolved.is_empty() {
-            let missing: Vec<String> = unresolved
+            let keys: Vec<&str> = unresolved.iter().map(|(_, key)| key.as_str()).collect();
+            let holders = self
+                .q(&self.inner.sql.lookup_unique)
+                .bind(self.inner.config.queue.as_str())
+                .bind(&keys)
+                .fetch_all(&mut *conn)
+                .await?
                 .iter()
-                .filter(|(_, key)| !first_by_key.contains_key(key))
-                .map(|(_, key)| key.clone())
-                .collect();
-            if !missing.is_empty() {
-                let found = self
-                    .q(&self.inner.sql.lookup_unique)
-                    .bind(self.inner.config.queue.as_str())
-                    .bind(&missing)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                for row in found {
-                    first_by_key.insert(row.try_get(0)?, JobId(row.try_get(1)?));
-                }
-            }
-            for (index, key) in unresolved {
-                let id = first_by_key
-                    .get(&key)
-                    .copied()
-                    .ok_or(PgError::UniqueKeyHolderMissing { key })?;
-                out[index].id = id;
-            }
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<_, sqlx::Error>>()?;
+            batch::resolve_duplicates(&mut out, unresolved, holders)?;
         }
         Ok(out)
     }
@@ -310,53 +226,22 @@ impl PgQueue {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let n = items.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut generations = Vec::with_capacity(n);
-        let mut kinds = Vec::with_capacity(n);
-        let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-        let mut delays: Vec<Option<f64>> = Vec::with_capacity(n);
-        let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
-        for (claim, action) in items {
-            ids.push(claim.id.0);
-            generations.push(claim.generation.0);
-            kinds.push(action.kind());
-            let (at, delay, error) = match action {
-                Finalize::RetryAt { at, error } => {
-                    let (at, delay) = split_run_at(*at);
-                    (at, delay, Some(error.as_str()))
-                }
-                Finalize::FailTerminal { error } => (None, None, Some(error.as_str())),
-                Finalize::Cancel { reason } => (None, None, Some(reason.as_str())),
-                Finalize::Complete | Finalize::Release => (None, None, None),
-            };
-            run_ats.push(at);
-            delays.push(delay);
-            errors.push(error);
-        }
+        let columns = FinalizeColumns::new(items);
         let rows = self
             .q(&self.inner.sql.finalize)
-            .bind(&ids)
-            .bind(&generations)
-            .bind(&kinds)
-            .bind(&run_ats)
-            .bind(&delays)
-            .bind(&errors)
+            .bind(&columns.ids)
+            .bind(&columns.generations)
+            .bind(&columns.kinds)
+            .bind(&columns.run_ats)
+            .bind(&columns.delays)
+            .bind(&columns.errors)
             .fetch_all(&mut *conn)
             .await?;
-        let mut applied = std::collections::HashSet::with_capacity(rows.len());
-        for row in &rows {
-            applied.insert((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?));
-        }
-        Ok(items
+        let applied = rows
             .iter()
-            .map(|(claim, _)| {
-                // `remove` makes a repeated item Stale after its first occurrence.
-                FinalizeOutcome::from_rows_affected(
-                    applied.remove(&(claim.id.0, claim.generation.0)) as u64,
-                )
-            })
-            .collect())
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<(i64, i64)>, sqlx::Error>>()?;
+        Ok(batch::outcomes(items, applied))
     }
 
     /// Deletes terminal jobs (of every queue in the table) that finished longer ago than
@@ -382,18 +267,6 @@ impl PgQueue {
             }
         }
     }
-}
-
-fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
-    match run_at {
-        RunAt::Now => (None, None),
-        RunAt::After(delay) => (None, Some(delay.as_secs_f64())),
-        RunAt::At(at) => (Some(at), None),
-    }
-}
-
-fn parse_status(id: i64, status: String) -> Result<JobStatus, PgError> {
-    JobStatus::parse(&status).ok_or(PgError::UnknownStatus { id, status })
 }
 
 fn claimed_job(row: &PgRow) -> Result<ClaimedJob, sqlx::Error> {

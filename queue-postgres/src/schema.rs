@@ -1,9 +1,12 @@
 //! Creating, upgrading and checking queue tables.
 
+#[cfg(feature = "sqlx")]
 use std::sync::LazyLock;
 
 use queue_core::QueueName;
+#[cfg(feature = "sqlx")]
 use sqlx::migrate::Migrator;
+#[cfg(feature = "sqlx")]
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::error::PgError;
@@ -17,6 +20,7 @@ pub const MIGRATIONS_TABLE: &str = "_queue_framework_migrations";
 
 /// The framework's migrations, embedded from this crate's `migrations/` folder (so
 /// `cargo package` carries them). They create the standard table `queue_jobs`.
+#[cfg(feature = "sqlx")]
 pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
@@ -25,6 +29,7 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
 
 /// Applies the framework's migrations (idempotent; safe to run from every replica at start-up:
 /// the migrator takes an advisory lock).
+#[cfg(feature = "sqlx")]
 pub async fn migrate(pool: &PgPool) -> Result<(), PgError> {
     MIGRATOR.run(pool).await?;
     Ok(())
@@ -33,14 +38,15 @@ pub async fn migrate(pool: &PgPool) -> Result<(), PgError> {
 /// The DDL of a new queue table named `table`: the framework's migrations, rendered for it.
 /// Put it in your own migrations, or run it with [`install_table`].
 pub fn create_table_sql(table: &TableName) -> String {
-    MIGRATOR
+    sql::TABLE_MIGRATIONS
         .iter()
-        .map(|m| render(m.sql.as_str(), table))
+        .map(|(_, text)| render(text, table))
         .collect::<Vec<_>>()
         .join("\n")
 }
 
 /// Creates (if missing) a queue table named `table` with the framework's schema.
+#[cfg(feature = "sqlx")]
 pub async fn install_table(pool: &PgPool, table: &TableName) -> Result<(), PgError> {
     sqlx::raw_sql(AssertSqlSafe(create_table_sql(table)))
         .execute(pool)
@@ -87,6 +93,7 @@ pub fn upgrade_legacy_sql(
 }
 
 /// Runs [`upgrade_legacy_sql`] in one transaction.
+#[cfg(feature = "sqlx")]
 pub async fn upgrade_legacy_table(
     pool: &PgPool,
     table: &TableName,
@@ -130,18 +137,22 @@ const REQUIRED_INDEXES: [(&str, &str); 4] = [
     ("finished_idx", "the retention sweep"),
 ];
 
-/// Refuses, naming what is missing, a table that is not on the lease schema. Run at start-up
-/// by [`crate::PgQueue::connect`]: a half-deployed fleet fails loudly instead of double-running.
-pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgError> {
-    let quoted = table.quoted();
-    let columns: Vec<(String, String)> = sqlx::query(sql::SCHEMA_COLUMNS)
-        .bind(&quoted)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    if columns.is_empty() {
+/// What a driver read of a table, for [`evaluate_schema`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableFacts {
+    /// `(column, format_type)` pairs; empty when the table does not exist.
+    pub columns: Vec<(String, String)>,
+    /// Index names.
+    pub indexes: Vec<String>,
+    /// Whether `id` draws from a sequence or identity.
+    pub id_has_sequence: bool,
+}
+
+/// Refuses, naming what is missing, a table that is not on the lease schema: the judgement of
+/// the start-up check, shared by both drivers (each reads the facts with [`sql::SCHEMA_COLUMNS`],
+/// [`sql::SCHEMA_INDEXES`] and [`sql::SCHEMA_ID_SEQUENCE`]).
+pub fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(), PgError> {
+    if facts.columns.is_empty() {
         return Err(PgError::Schema {
             table: table.to_string(),
             missing: vec!["the table itself (not found on the search_path)".to_owned()],
@@ -149,7 +160,7 @@ pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgErro
     }
     let mut missing = Vec::new();
     for (name, ty) in REQUIRED_COLUMNS {
-        match columns.iter().find(|(n, _)| n == name) {
+        match facts.columns.iter().find(|(n, _)| n == name) {
             None => missing.push(format!("column {name} ({ty})")),
             Some((_, actual)) if actual != ty => {
                 missing.push(format!("column {name} must be {ty}, found {actual}"))
@@ -157,25 +168,13 @@ pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgErro
             Some(_) => {}
         }
     }
-    let indexes: Vec<String> = sqlx::query(sql::SCHEMA_INDEXES)
-        .bind(&quoted)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(|row| row.get(0))
-        .collect();
     for (suffix, purpose) in REQUIRED_INDEXES {
         let name = format!("{table}_{suffix}");
-        if !indexes.contains(&name) {
+        if !facts.indexes.contains(&name) {
             missing.push(format!("index {name} ({purpose})"));
         }
     }
-    let has_sequence: Option<bool> = sqlx::query_scalar(sql::SCHEMA_ID_SEQUENCE)
-        .bind(&quoted)
-        .fetch_one(pool)
-        .await
-        .ok();
-    if has_sequence != Some(true) {
+    if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
     }
     if missing.is_empty() {
@@ -188,9 +187,55 @@ pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgErro
     }
 }
 
+/// Refuses, naming what is missing, a table that is not on the lease schema. Run at start-up
+/// by [`crate::PgQueue::connect`]: a half-deployed fleet fails loudly instead of double-running.
+#[cfg(feature = "sqlx")]
+pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgError> {
+    let quoted = table.quoted();
+    let columns = sqlx::query(sql::SCHEMA_COLUMNS)
+        .bind(&quoted)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let indexes = sqlx::query(sql::SCHEMA_INDEXES)
+        .bind(&quoted)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect();
+    let id_has_sequence = sqlx::query_scalar::<_, Option<bool>>(sql::SCHEMA_ID_SEQUENCE)
+        .bind(&quoted)
+        .fetch_one(pool)
+        .await
+        .ok()
+        .flatten()
+        == Some(true);
+    evaluate_schema(
+        table,
+        &TableFacts {
+            columns,
+            indexes,
+            id_has_sequence,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "sqlx")]
+    #[test]
+    fn the_migrator_embeds_exactly_the_listed_table_migrations() {
+        let embedded: Vec<(i64, &str)> = MIGRATOR
+            .iter()
+            .map(|m| (m.version, m.sql.as_str()))
+            .collect();
+        assert_eq!(embedded, sql::TABLE_MIGRATIONS.to_vec());
+    }
 
     #[test]
     fn create_table_sql_is_the_migration_rendered() {

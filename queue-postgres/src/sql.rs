@@ -209,8 +209,13 @@ pub const SCHEMA_ID_SEQUENCE: &str = r#"
 SELECT pg_get_serial_sequence($1, 'id') IS NOT NULL
 "#;
 
-/// The standard table, which is also the first migration (`MIGRATOR`).
-pub const CREATE_TABLE: &str = include_str!("../migrations/20261130000001_queue_jobs.sql");
+/// The framework's migrations, `(version, text)`, in order: the same files `MIGRATOR` embeds
+/// (a test checks that they agree), listed here so that drivers without sqlx's migrator can
+/// render them for any table.
+pub const TABLE_MIGRATIONS: [(i64, &str); 1] = [(
+    20261130000001,
+    include_str!("../migrations/20261130000001_queue_jobs.sql"),
+)];
 
 /// The legacy upgrade (the seed's D1, generalised).
 pub const UPGRADE_LEGACY: &str = include_str!("../sql/upgrade_legacy.sql");

@@ -12,7 +12,7 @@
 //! # }
 //! ```
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -26,7 +26,8 @@ pub fn server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
 }
 
-/// A uniquely named database, created for one test and dropped by [`ScratchDb::drop_db`].
+/// A uniquely named database, created for one test and dropped by [`ScratchDb::drop_db`], or,
+/// if the test panicked before that, when the value is dropped.
 #[derive(Debug)]
 pub struct ScratchDb {
     /// Its name.
@@ -34,6 +35,7 @@ pub struct ScratchDb {
     /// A pool on it (12 connections).
     pub pool: PgPool,
     admin: PgConnectOptions,
+    dropped: AtomicBool,
 }
 
 impl ScratchDb {
@@ -89,12 +91,39 @@ impl ScratchDb {
             .connect_with(admin.clone().database(&name))
             .await
             .expect("connect to the scratch database");
-        ScratchDb { name, pool, admin }
+        ScratchDb {
+            name,
+            pool,
+            admin,
+            dropped: AtomicBool::new(false),
+        }
     }
 
     /// Options for one more connection to this database, outside the pool.
     pub fn connect_options(&self) -> PgConnectOptions {
         self.admin.clone().database(&self.name)
+    }
+
+    /// The tokio-postgres configuration of this database (for `TpQueue` and its listener).
+    #[cfg(feature = "tokio-postgres")]
+    pub fn tokio_postgres_config(&self) -> tokio_postgres::Config {
+        let mut config: tokio_postgres::Config = server_url()
+            .parse()
+            .expect("QUEUE_TEST_PG_URL must be a postgres:// URL");
+        config.dbname(&self.name);
+        config
+    }
+
+    /// A deadpool-postgres pool of `size` connections on this database.
+    #[cfg(feature = "tokio-postgres")]
+    pub fn tokio_postgres_pool(&self, size: usize) -> deadpool_postgres::Pool {
+        let manager =
+            deadpool_postgres::Manager::new(self.tokio_postgres_config(), tokio_postgres::NoTls);
+        deadpool_postgres::Pool::builder(manager)
+            .max_size(size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .expect("a deadpool-postgres pool")
     }
 
     /// A queue handle on the standard table.
@@ -106,6 +135,9 @@ impl ScratchDb {
 
     /// Drops the database, ending every connection to it.
     pub async fn drop_db(&self) {
+        if self.dropped.swap(true, Ordering::SeqCst) {
+            return;
+        }
         // A connection still checked out (a forgotten listener) must not hang the test:
         // DROP … WITH (FORCE) ends it anyway.
         let _ = tokio::time::timeout(Duration::from_secs(5), self.pool.close()).await;
@@ -117,6 +149,36 @@ impl ScratchDb {
             .execute(&mut conn)
             .await;
         }
+    }
+}
+
+impl Drop for ScratchDb {
+    fn drop(&mut self) {
+        if self.dropped.load(Ordering::SeqCst) {
+            return;
+        }
+        // A test that panicked never reached `drop_db`: drop the database from a thread of its
+        // own (this may run inside an async runtime, which must not block on another).
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(mut conn) = admin.connect().await {
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
+                }
+            });
+        })
+        .join();
     }
 }
 

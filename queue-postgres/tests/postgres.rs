@@ -1,5 +1,6 @@
 //! Behaviour specific to PostgreSQL: real connections racing, a connection killed mid-finalize,
-//! the legacy upgrade, the schema check, the claim's plans, NOTIFY wake-ups, retention.
+//! the legacy upgrade, the schema check, the claim's plans, NOTIFY wake-ups, retention. Tests that
+//! go through a driver run once per driver (`per_driver!`).
 
 mod support;
 
@@ -12,18 +13,33 @@ use queue_core::{
 };
 use queue_postgres::{PgError, PgQueue, PgQueueConfig, TableName};
 use serde_json::{Value, json};
+use sqlx::Row;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{ConnectOptions, Row};
-use support::TestDb;
+use support::{Driver, TestDb};
+
+per_driver!(
+    two_connections_racing_claims_take_each_job_once,
+    eight_connections_racing_claims_take_each_job_once,
+    a_connection_killed_during_finalize_loses_nothing,
+    schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows,
+    schema_check_names_a_missing_table,
+    notify_wakes_an_idle_worker_and_a_lost_listener_re_listens,
+    notify_is_sent_on_commit_only,
+    concurrent_enqueues_of_one_unique_key_insert_once,
+    a_custom_table_works_and_keeps_its_queues_apart,
+    retention_sweeps_old_terminal_rows_in_batches_and_nothing_else,
+    a_stale_finalize_in_the_callers_transaction_writes_nothing,
+    connecting_to_a_stopped_server_is_a_transient_error,
+);
 
 fn req(batch: u32) -> ClaimRequest {
     ClaimRequest::new(batch, Lease::DEFAULT)
 }
 
 /// `tasks` claimers, each on its own single-connection pool, drain `jobs` jobs.
-async fn race_on_separate_connections(tasks: usize, jobs: usize, batch: u32) {
+async fn race_on_separate_connections<D: Driver>(tasks: usize, jobs: usize, batch: u32) {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     let ids: HashSet<JobId> = queue
         .enqueue_many(
             (0..jobs)
@@ -37,16 +53,11 @@ async fn race_on_separate_connections(tasks: usize, jobs: usize, batch: u32) {
         .collect();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..tasks {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(db.connect_options())
-            .await
-            .unwrap();
         let config = PgQueueConfig {
             listen: false,
             ..PgQueueConfig::default()
         };
-        let worker = PgQueue::connect(pool, config).await.unwrap();
+        let worker = D::connect_single(&db, config).await;
         set.spawn(async move {
             let mut taken = Vec::new();
             loop {
@@ -86,20 +97,17 @@ async fn race_on_separate_connections(tasks: usize, jobs: usize, batch: u32) {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_connections_racing_claims_take_each_job_once() {
-    race_on_separate_connections(2, 600, 10).await;
+async fn two_connections_racing_claims_take_each_job_once<D: Driver>() {
+    race_on_separate_connections::<D>(2, 600, 10).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_connections_racing_claims_take_each_job_once() {
-    race_on_separate_connections(8, 1200, 7).await;
+async fn eight_connections_racing_claims_take_each_job_once<D: Driver>() {
+    race_on_separate_connections::<D>(8, 1200, 7).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_killed_during_finalize_loses_nothing() {
+async fn a_connection_killed_during_finalize_loses_nothing<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     let id = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
@@ -108,10 +116,7 @@ async fn a_connection_killed_during_finalize_loses_nothing() {
     let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
 
     let mut tx = queue.begin().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    let pid = D::backend_pid(&mut tx).await;
     let outcome = queue
         .finalize_in(&mut tx, job.claim(), &Finalize::Complete)
         .await
@@ -180,8 +185,7 @@ INSERT INTO exchange_send_jobs (transaction_id, status, attempts, next_attempt_a
     (3, 'pending',   0, now() - interval '5 minutes');
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows() {
+async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows<D: Driver>() {
     let db = TestDb::empty().await;
     sqlx::raw_sql(PRE_LEASE_TABLE)
         .execute(&db.pool)
@@ -191,9 +195,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     let queue_name = QueueName::new("exchange.send").unwrap();
     let config = PgQueueConfig::new(table.clone(), queue_name.clone());
 
-    let err = PgQueue::connect(db.pool.clone(), config.clone())
-        .await
-        .unwrap_err();
+    let err = D::connect(&db, config.clone()).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, PgError::Schema { .. }), "{err}");
     for named in [
@@ -207,8 +209,8 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         );
     }
 
-    queue_postgres::upgrade_legacy_table(
-        &db.pool,
+    D::upgrade_legacy(
+        &db,
         &table,
         &queue_name,
         Some("idx_exchange_send_jobs_stuck_in_flight"),
@@ -234,7 +236,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     .unwrap();
     assert_eq!(unstamped, 2, "the upgrade must not backfill claimed_at");
 
-    let queue = PgQueue::connect(db.pool.clone(), config)
+    let queue = D::connect(&db, config)
         .await
         .expect("upgraded table passes");
     let claimed = queue.claim(req(10)).await.unwrap().jobs;
@@ -247,7 +249,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     assert_eq!(legacy.len(), 2);
     assert!(legacy.iter().all(|j| j.generation == ClaimGeneration(1)));
     // The upgrade is idempotent.
-    queue_postgres::upgrade_legacy_table(&db.pool, &table, &queue_name, None)
+    D::upgrade_legacy(&db, &table, &queue_name, None)
         .await
         .unwrap();
     db.drop_db().await;
@@ -279,11 +281,10 @@ async fn an_invalid_table_name_is_rejected_before_any_sql_runs() {
     assert_eq!(unreachable.size(), 0, "no connection was attempted");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_check_names_a_missing_table() {
+async fn schema_check_names_a_missing_table<D: Driver>() {
     let db = TestDb::new().await;
     let config = PgQueueConfig::new(TableName::new("nowhere").unwrap(), QueueName::default());
-    let err = PgQueue::connect(db.pool.clone(), config).await.unwrap_err();
+    let err = D::connect(&db, config).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
     db.drop_db().await;
 }
@@ -414,10 +415,9 @@ async fn wait_for_listener(db: &TestDb, not: Option<i32>) -> i32 {
     .expect("the listener did not (re)connect")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens() {
+async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     let first = wait_for_listener(&db, None).await;
     let worker = Worker::new(queue.clone(), Done, idle_worker_config())
         .unwrap()
@@ -452,10 +452,13 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notify_is_sent_on_commit_only() {
+async fn notify_is_sent_on_commit_only<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let config = PgQueueConfig {
+        listen: false,
+        ..PgQueueConfig::default()
+    };
+    let queue = D::connect(&db, config).await.unwrap();
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
         .await
         .unwrap();
@@ -487,10 +490,9 @@ async fn notify_is_sent_on_commit_only() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_enqueues_of_one_unique_key_insert_once() {
+async fn concurrent_enqueues_of_one_unique_key_insert_once<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let q = queue.clone();
@@ -511,24 +513,19 @@ async fn concurrent_enqueues_of_one_unique_key_insert_once() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_custom_table_works_and_keeps_its_queues_apart() {
+async fn a_custom_table_works_and_keeps_its_queues_apart<D: Driver>() {
     let db = TestDb::new().await;
     let table = TableName::new("mail_jobs").unwrap();
-    queue_postgres::install_table(&db.pool, &table)
-        .await
-        .unwrap();
-    queue_postgres::install_table(&db.pool, &table)
-        .await
-        .expect("idempotent");
-    let mail = PgQueue::connect(
-        db.pool.clone(),
+    D::install_table(&db, &table).await.unwrap();
+    D::install_table(&db, &table).await.expect("idempotent");
+    let mail = D::connect(
+        &db,
         PgQueueConfig::new(table.clone(), QueueName::new("mail").unwrap()),
     )
     .await
     .unwrap();
-    let sms = PgQueue::connect(
-        db.pool.clone(),
+    let sms = D::connect(
+        &db,
         PgQueueConfig::new(table, QueueName::new("sms").unwrap()),
     )
     .await
@@ -559,10 +556,9 @@ async fn a_custom_table_works_and_keeps_its_queues_apart() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else() {
+async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     queue
         .enqueue_many(
             (0..25)
@@ -587,10 +583,7 @@ async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else() {
             .unwrap()
             .is_applied()
     );
-    let deleted = queue
-        .sweep_finished(Duration::from_secs(86400), 7)
-        .await
-        .unwrap();
+    let deleted = D::sweep(&queue, Duration::from_secs(86400), 7).await;
     assert_eq!(deleted, 20);
     let counts = queue.counts().await.unwrap();
     assert_eq!((counts.completed, counts.pending), (1, 4));
@@ -627,10 +620,9 @@ async fn framework_migrations_coexist_with_a_services_own_migrator() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_finalize_in_the_callers_transaction_writes_nothing() {
+async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: Driver>() {
     let db = TestDb::new().await;
-    let queue = db.queue().await;
+    let queue = D::connect_default(&db).await;
     let id = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
@@ -644,28 +636,15 @@ async fn a_stale_finalize_in_the_callers_transaction_writes_nothing() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    let outcomes = queue
-        .finalize_with(
-            &mut tx,
-            &[
-                (old.claim(), Finalize::Complete),
-                (new.claim(), Finalize::Complete),
-            ],
-        )
-        .await
-        .unwrap();
+    let items = [
+        (old.claim(), Finalize::Complete),
+        (new.claim(), Finalize::Complete),
+    ];
+    let outcomes = D::finalize_with_domain_write(&db, &queue, &items, id.0).await;
     assert_eq!(
         outcomes,
         vec![FinalizeOutcome::Stale, FinalizeOutcome::Applied]
     );
-    sqlx::query("INSERT INTO outbox VALUES ($1)")
-        .bind(id.0)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
     let row = queue.get(id).await.unwrap().unwrap();
     assert_eq!(
         (row.status, row.claim_generation),
@@ -677,22 +656,10 @@ async fn a_stale_finalize_in_the_callers_transaction_writes_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(staged, 1);
-    drop(conn);
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connecting_to_a_stopped_server_is_a_transient_error() {
-    let pool = PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(2))
-        .connect_lazy_with(
-            "postgres://postgres@127.0.0.1:1/none"
-                .parse::<sqlx::postgres::PgConnectOptions>()
-                .unwrap()
-                .disable_statement_logging(),
-        );
-    let err = queue_postgres::check_schema(&pool, &TableName::default())
-        .await
-        .unwrap_err();
+async fn connecting_to_a_stopped_server_is_a_transient_error<D: Driver>() {
+    let err = D::check_unreachable().await;
     assert!(err.is_transient(), "{err}");
 }

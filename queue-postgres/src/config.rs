@@ -1,0 +1,42 @@
+//! The configuration both drivers share.
+
+use queue_core::QueueName;
+
+use crate::ident::TableName;
+
+/// Where a queue lives and how it wakes workers: the configuration of both drivers
+/// (`PgQueue` on sqlx, `TpQueue` on tokio-postgres).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgQueueConfig {
+    /// The queue table (default `queue_jobs`, created by `queue_postgres::migrate`).
+    pub table: TableName,
+    /// The queue inside the table (default `default`).
+    pub queue: QueueName,
+    /// Send a `NOTIFY` with each enqueue, in its transaction (default true). Costs a little at
+    /// commit; lets idle workers start new jobs within milliseconds instead of at their next poll.
+    pub notify_on_enqueue: bool,
+    /// Keep a `LISTEN` connection and wake this handle's workers on notifications (default true).
+    pub listen: bool,
+}
+
+impl Default for PgQueueConfig {
+    fn default() -> Self {
+        PgQueueConfig {
+            table: TableName::default(),
+            queue: QueueName::default(),
+            notify_on_enqueue: true,
+            listen: true,
+        }
+    }
+}
+
+impl PgQueueConfig {
+    /// The queue `queue` in the table `table`, with wake-ups on.
+    pub fn new(table: TableName, queue: QueueName) -> Self {
+        PgQueueConfig {
+            table,
+            queue,
+            ..PgQueueConfig::default()
+        }
+    }
+}
