@@ -102,7 +102,8 @@ macro_rules! conformance_suite {
             extend_lease_is_fenced_and_postpones_expiry,
             claim_order_is_next_attempt_then_priority,
             graceful_shutdown_releases_unstarted_claims,
-            reclaim_cap_ends_poison_job_dead,
+            reclaim_cap_flags_a_poison_job_and_burying_ends_it_dead,
+            worker_buries_a_poison_job_with_its_hooks,
             release_keeps_place_and_uncounts_the_attempt,
             retry_at_schedules_and_counts_a_handler_error,
             cancel_only_touches_pending_jobs,
@@ -634,25 +635,31 @@ pub async fn graceful_shutdown_releases_unstarted_claims<H: Harness>(h: Arc<H>) 
     assert!(again.iter().all(|j| j.attempts == 1 && j.reclaims == 0));
 }
 
-/// (12) A poison job whose worker dies every time ends `dead` at the reclaim cap.
-pub async fn reclaim_cap_ends_poison_job_dead<H: Harness>(h: Arc<H>) {
+/// (12) A poison job whose worker dies every time: past the reclaim cap the claim flags it, and
+/// burying it (fenced, like any finalize) ends it `dead` for good.
+pub async fn reclaim_cap_flags_a_poison_job_and_burying_ends_it_dead<H: Harness>(h: Arc<H>) {
     let b = h.backend();
     let id = enqueue(b, 1).await;
     let capped = req(5).max_reclaims(2);
     for round in 0..3 {
-        let batch = b.claim(capped).await.unwrap();
-        assert_eq!(batch.jobs.len(), 1, "round {round}");
-        assert!(batch.dead.is_empty());
-        assert_eq!(batch.jobs[0].reclaims, round);
+        let job = b.claim(capped).await.unwrap().jobs.remove(0);
+        assert_eq!(
+            (job.id, job.reclaims, job.taken_over),
+            (id, round, round > 0)
+        );
+        assert!(!job.over_reclaim_cap, "round {round} is within the cap");
         h.advance_clock(lease().duration() + Duration::from_secs(1))
             .await;
     }
-    let batch = b.claim(capped).await.unwrap();
+    let job = b.claim(capped).await.unwrap().jobs.remove(0);
     assert!(
-        batch.jobs.is_empty(),
-        "a poison job was handed out past the cap"
+        job.taken_over && job.over_reclaim_cap,
+        "past the cap the claim must flag the job"
     );
-    assert_eq!(batch.dead, vec![id]);
+    let bury = Finalize::Bury {
+        reason: crate::RECLAIM_CAP_MESSAGE.to_owned(),
+    };
+    assert!(b.finalize(job.claim(), &bury).await.unwrap().is_applied());
     let rec = record(b, id).await;
     assert_eq!(rec.status, JobStatus::Dead);
     assert!(
@@ -666,6 +673,38 @@ pub async fn reclaim_cap_ends_poison_job_dead<H: Harness>(h: Arc<H>) {
         b.claim(capped).await.unwrap().jobs.is_empty(),
         "a dead job came back"
     );
+}
+
+/// The worker buries a job it claims past the reclaim cap, without running it, and the hooks
+/// see the burial (so domain state and outbox follow the job to its end).
+pub async fn worker_buries_a_poison_job_with_its_hooks<H: Harness>(h: Arc<H>) {
+    let b = h.backend();
+    let id = enqueue(b, 1).await;
+    // Two workers died holding it.
+    for _ in 0..2 {
+        assert_eq!(claim(b, 1).await.jobs.len(), 1);
+        h.advance_clock(lease().duration() + Duration::from_secs(1))
+            .await;
+    }
+    let recorder = Recorder::default();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let config = WorkerConfig {
+        max_reclaims: 1,
+        ..quick_retries(3)
+    };
+    let worker = Worker::new(b.clone(), Flaky(runs.clone()), config)
+        .unwrap()
+        .hook(recorder.clone())
+        .start();
+    let stats = worker.wait_for(|s| s.dead == 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(stats.completed, 0);
+    assert!(
+        runs.lock().unwrap().is_empty(),
+        "a poison job must not run again"
+    );
+    assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "bury")]);
+    assert_eq!(record(b, id).await.status, JobStatus::Dead);
 }
 
 /// Release: back to pending at its original place in line, the attempt uncounted.

@@ -9,7 +9,7 @@ use crate::types::{Claim, Finalize, JobId, QueueName};
 pub const STALE_FINALIZE_FENCED: &str = "queue.stale_finalize_fenced";
 /// A heartbeat found the lease already lost; the handler's cancellation token fired (warn).
 pub const LEASE_LOST: &str = "queue.lease_lost";
-/// A claim moved a job to `dead`: its lease expired past the reclaim cap (error).
+/// A job was buried (`dead`): its lease expired past the reclaim cap (error).
 pub const JOB_DEAD: &str = "queue.job_dead";
 /// A claim took a job over from an expired lease (info).
 pub const JOB_RECLAIMED: &str = "queue.job_reclaimed";
@@ -32,6 +32,12 @@ pub const CLAIM_RELEASED: &str = "queue.claim_released";
 pub const HANDLER_PANICKED: &str = "queue.handler_panicked";
 /// A handler ran past the job timeout; treated as a retryable handler error (warn).
 pub const HANDLER_TIMED_OUT: &str = "queue.handler_timed_out";
+/// A heartbeat (`extend_lease`) failed; it is tried again at the next tick (warn).
+pub const HEARTBEAT_FAILED: &str = "queue.heartbeat_failed";
+/// A `LISTEN` connection (PostgreSQL) is up and listening (info).
+pub const LISTENER_CONNECTED: &str = "queue.listener_connected";
+/// A `LISTEN` connection was lost; workers poll until it is back (warn).
+pub const LISTENER_LOST: &str = "queue.listener_lost";
 /// Graceful shutdown finished (info).
 pub const WORKER_STOPPED: &str = "queue.worker_stopped";
 
@@ -51,7 +57,7 @@ pub(crate) fn job_dead(queue: &QueueName, id: JobId) {
         name: "queue.job_dead",
         queue = %queue,
         job_id = id.0,
-        "queue.job_dead: lease expired past the reclaim cap; the job was moved to dead"
+        "queue.job_dead: lease expired past the reclaim cap; the job was buried as dead"
     );
 }
 

@@ -16,8 +16,7 @@ use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
 use crate::types::{
     CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued,
-    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
-    RECLAIM_CAP_MESSAGE, RunAt,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName, RunAt,
 };
 
 /// A queue held in process memory. Cloning gives another handle on the same store and queue.
@@ -177,7 +176,9 @@ impl State {
         match action {
             Finalize::Complete => {}
             Finalize::FailTerminal { error } => row.last_error = Some(error.clone()),
-            Finalize::Cancel { reason } => row.last_error = Some(reason.clone()),
+            Finalize::Cancel { reason } | Finalize::Bury { reason } => {
+                row.last_error = Some(reason.clone())
+            }
             Finalize::RetryAt { at, error } => {
                 row.next_attempt_at = resolve(*at, now);
                 row.last_error = Some(error.clone());
@@ -446,27 +447,15 @@ impl Backend for MemoryBackend {
 
         let mut batch = ClaimBatch::default();
         let mut live: Vec<(DateTime<Utc>, i16, i64)> = due;
-        for key in expired {
-            let job = &state.jobs[&key.2];
-            if job.reclaims >= request.max_reclaims as i32 {
-                let mut row = job.clone();
-                row.status = JobStatus::Dead;
-                row.claim_generation.0 += 1;
-                row.last_error = Some(RECLAIM_CAP_MESSAGE.to_owned());
-                row.updated_at = now;
-                row.finished_at = Some(now);
-                state.put(key.2, Some(row));
-                batch.dead.push(JobId(key.2));
-            } else {
-                live.push(key);
-            }
-        }
+        live.extend(expired);
         live.sort();
         live.truncate(limit);
 
         for (_, _, id) in live {
             let mut row = state.jobs[&id].clone();
-            if row.status == JobStatus::InFlight {
+            let taken_over = row.status == JobStatus::InFlight;
+            let over_reclaim_cap = taken_over && row.reclaims >= request.max_reclaims as i32;
+            if taken_over {
                 row.reclaims += 1;
             }
             row.status = JobStatus::InFlight;
@@ -479,15 +468,13 @@ impl Backend for MemoryBackend {
                 generation: row.claim_generation,
                 attempts: row.attempts,
                 reclaims: row.reclaims,
+                taken_over,
+                over_reclaim_cap,
                 claimed_at: now,
                 priority: row.priority,
                 payload: row.payload.clone(),
             });
             state.put(id, Some(row));
-        }
-        drop(state);
-        for id in &batch.dead {
-            crate::events::job_dead(&self.queue, *id);
         }
         Ok(batch)
     }

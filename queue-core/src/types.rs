@@ -299,6 +299,12 @@ pub struct ClaimedJob {
     pub attempts: i32,
     /// How many of those claims took the job over from an expired lease.
     pub reclaims: i32,
+    /// Whether this claim took the job over from an expired lease (a worker died or hung).
+    pub taken_over: bool,
+    /// Whether this takeover went past the claim's reclaim cap: a poison job that keeps killing
+    /// its worker. It must not run again: its holder ends it with [`Finalize::Bury`] (the worker
+    /// runtime does), so that the move to `dead` is fenced and runs the finalize hooks.
+    pub over_reclaim_cap: bool,
     /// When this claim was stamped, by the backend's clock.
     pub claimed_at: DateTime<Utc>,
     /// The job's priority.
@@ -350,6 +356,12 @@ pub enum Finalize {
         /// Why; stored in `last_error`.
         reason: String,
     },
+    /// The job went past the reclaim cap (see [`ClaimedJob::over_reclaim_cap`]): `dead`,
+    /// terminal, never run again on its own.
+    Bury {
+        /// Why; stored in `last_error`.
+        reason: String,
+    },
 }
 
 impl Finalize {
@@ -360,10 +372,12 @@ impl Finalize {
             Finalize::FailTerminal { .. } => JobStatus::Failed,
             Finalize::RetryAt { .. } | Finalize::Release => JobStatus::Pending,
             Finalize::Cancel { .. } => JobStatus::Cancelled,
+            Finalize::Bury { .. } => JobStatus::Dead,
         }
     }
 
-    /// A short stable name for logs: `complete`, `fail_terminal`, `retry`, `release`, `cancel`.
+    /// A short stable name for logs and SQL: `complete`, `fail_terminal`, `retry`, `release`,
+    /// `cancel`, `bury`.
     pub fn kind(&self) -> &'static str {
         match self {
             Finalize::Complete => "complete",
@@ -371,6 +385,7 @@ impl Finalize {
             Finalize::RetryAt { .. } => "retry",
             Finalize::Release => "release",
             Finalize::Cancel { .. } => "cancel",
+            Finalize::Bury { .. } => "bury",
         }
     }
 }
@@ -502,20 +517,20 @@ pub struct ClaimRequest {
     pub batch_size: u32,
     /// The lease: in-flight jobs claimed longer ago than this are taken over.
     pub lease: Lease,
-    /// A job whose lease expired after this many takeovers is moved to `dead` instead of being
-    /// claimed again (a poison job that kills its worker every time).
+    /// A job whose lease expired after this many takeovers comes back flagged
+    /// [`ClaimedJob::over_reclaim_cap`] (a poison job that kills its worker every time): its
+    /// holder buries it instead of running it.
     pub max_reclaims: u32,
 }
 
-/// The default reclaim cap: a job may be taken over from an expired lease five times; the sixth
-/// expiry moves it to `dead`. Rolling restarts with graceful shutdown release claims and never
+/// The default reclaim cap: a job may be taken over from an expired lease five times; after the
+/// sixth expiry it is buried (`dead`). Rolling restarts with graceful shutdown release claims and never
 /// count; only a worker that died (or hung past its lease) does.
 pub const DEFAULT_MAX_RECLAIMS: u32 = 5;
 
-/// The `last_error` of a job that a claim moved to `dead` at the reclaim cap (every backend
-/// writes this text).
+/// The `last_error` the worker runtime writes when it buries a job at the reclaim cap.
 pub const RECLAIM_CAP_MESSAGE: &str =
-    "lease expired past the reclaim cap: the job kept losing its worker; moved to dead";
+    "lease expired past the reclaim cap: the job kept losing its worker; buried as dead";
 
 impl ClaimRequest {
     /// A claim of up to `batch_size` jobs under `lease`, with [`DEFAULT_MAX_RECLAIMS`].
@@ -539,8 +554,6 @@ impl ClaimRequest {
 pub struct ClaimBatch {
     /// The jobs now held under a lease, in claim order.
     pub jobs: Vec<ClaimedJob>,
-    /// Jobs the claim moved to `dead` because their lease expired past the reclaim cap.
-    pub dead: Vec<JobId>,
 }
 
 #[cfg(test)]
@@ -586,6 +599,8 @@ mod tests {
             generation: ClaimGeneration(6),
             attempts: 6,
             reclaims: 2,
+            taken_over: false,
+            over_reclaim_cap: false,
             claimed_at: Utc::now(),
             priority: 0,
             payload: Value::Null,

@@ -20,7 +20,7 @@ use crate::hooks::{FinalizeHook, Hooks, finalize_with_hooks};
 use crate::retry::RetryPolicy;
 use crate::types::{
     Claim, ClaimBatch, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Finalize, FinalizeOutcome,
-    Lease, RunAt,
+    Lease, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
 };
 
 /// How a [`Worker`] runs. Every field has a named default; [`WorkerConfig::validate`] refuses
@@ -51,7 +51,8 @@ pub struct WorkerConfig {
     /// Retries of handler errors.
     pub retry: RetryPolicy,
     /// At shutdown, how long running jobs may take to finish before their cancellation tokens
-    /// fire (default 25 s).
+    /// fire (default 20 s; with the 5 s grace that leaves 5 s of a 30 s termination grace period,
+    /// such as Kubernetes' default, for the releases and the completer's last batch).
     pub shutdown_timeout: Duration,
     /// After the tokens fire, how long handlers get to return before they are aborted and their
     /// jobs released (default 5 s).
@@ -72,7 +73,7 @@ impl Default for WorkerConfig {
             job_timeout: Duration::from_secs(30),
             max_reclaims: DEFAULT_MAX_RECLAIMS,
             retry: RetryPolicy::default(),
-            shutdown_timeout: Duration::from_secs(25),
+            shutdown_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(5),
             batch_finalize: true,
         }
@@ -123,7 +124,7 @@ pub struct WorkerStats {
     pub released: u64,
     /// Writes refused by the fence.
     pub stale: u64,
-    /// Jobs a claim of this worker moved to `dead`.
+    /// Jobs buried (`dead`) at the reclaim cap (applied).
     pub dead: u64,
     /// Finalizes that failed for good (the job waits for its lease to lapse).
     pub finalize_errors: u64,
@@ -153,6 +154,7 @@ impl WorkerStats {
             Finalize::FailTerminal { .. } => self.failed += 1,
             Finalize::Cancel { .. } => self.cancelled += 1,
             Finalize::Release => self.released += 1,
+            Finalize::Bury { .. } => self.dead += 1,
         }
     }
 }
@@ -450,13 +452,12 @@ fn accept_claim<B: Backend, H: Handler>(
             return false;
         }
     };
-    let got = (batch.jobs.len() + batch.dead.len()) as u32;
-    shared.stats.send_modify(|s| {
-        s.claimed += batch.jobs.len() as u64;
-        s.dead += batch.dead.len() as u64;
-    });
+    let got = batch.jobs.len() as u32;
+    shared
+        .stats
+        .send_modify(|s| s.claimed += batch.jobs.len() as u64);
     for job in batch.jobs {
-        if job.reclaims > 0 {
+        if job.taken_over {
             tracing::info!(
                 name: "queue.job_reclaimed",
                 queue = %shared.backend.queue(),
@@ -489,7 +490,7 @@ async fn start_buffered<B: Backend, H: Handler>(
             .saturating_sub(next.lease_started.elapsed());
         if !shared.handler.runs_long() && lease_left < shared.config.job_timeout {
             // Starting now could outlive the lease and race a second holder: give it back.
-            release(shared, &next.job, "too little lease left to start").await;
+            let _ = release(shared, &next.job, "too little lease left to start").await;
             continue;
         }
         let cancel = CancellationToken::new();
@@ -524,7 +525,12 @@ fn reap<B: Backend, H: Handler>(
     }
 }
 
-async fn release<B: Backend, H: Handler>(shared: &Shared<B, H>, job: &ClaimedJob, why: &str) {
+/// Gives a claimed job back unstarted (fenced); true when the release applied.
+async fn release<B: Backend, H: Handler>(
+    shared: &Shared<B, H>,
+    job: &ClaimedJob,
+    why: &str,
+) -> bool {
     tracing::info!(
         name: "queue.claim_released",
         queue = %shared.backend.queue(),
@@ -533,7 +539,7 @@ async fn release<B: Backend, H: Handler>(shared: &Shared<B, H>, job: &ClaimedJob
         reason = why,
         "queue.claim_released"
     );
-    finalize(shared, job, Finalize::Release).await;
+    finalize_now(shared, job, Finalize::Release).await
 }
 
 async fn shut_down<B: Backend, H: Handler>(
@@ -544,8 +550,9 @@ async fn shut_down<B: Backend, H: Handler>(
 ) -> ShutdownReport {
     let mut report = ShutdownReport::default();
     for unstarted in buffer {
-        release(shared, &unstarted.job, "shutdown").await;
-        report.released_unstarted += 1;
+        if release(shared, &unstarted.job, "shutdown").await {
+            report.released_unstarted += 1;
+        }
     }
 
     let deadline = Instant::now() + shared.config.shutdown_timeout;
@@ -606,6 +613,15 @@ async fn run_job<B: Backend, H: Handler>(
         generation = job.generation.0,
     );
     async move {
+        if job.over_reclaim_cap {
+            // A poison job: its worker kept dying. Do not run it again; bury it, fenced and with
+            // the hooks, like any other terminal outcome.
+            let bury = Finalize::Bury {
+                reason: RECLAIM_CAP_MESSAGE.to_owned(),
+            };
+            finalize(&shared, &job, bury).await;
+            return;
+        }
         let action = match serde::Deserialize::deserialize(&job.payload) {
             Err(err) => {
                 tracing::error!(
@@ -721,7 +737,12 @@ async fn heartbeat<B: Backend, H: Handler>(
                 return;
             }
             // A failed heartbeat is retried at the next tick; the lease has slack for two misses.
-            Err(err) => tracing::warn!(name: "queue.lease_lost", error = %err, "heartbeat failed"),
+            Err(err) => tracing::warn!(
+                name: "queue.heartbeat_failed",
+                job_id = claim.id.0,
+                error = %err,
+                "queue.heartbeat_failed: tried again at the next tick"
+            ),
         }
     }
 }
@@ -758,8 +779,7 @@ fn decide(policy: &RetryPolicy, job: &ClaimedJob, result: Result<(), JobError>) 
 }
 
 /// Writes a job's outcome: through the batching completer when there are no hooks, otherwise in
-/// its own transaction with the hooks; transient failures are tried again a few times while the
-/// lease still holds.
+/// its own transaction with the hooks ([`finalize_now`]).
 async fn finalize<B: Backend, H: Handler>(
     shared: &Shared<B, H>,
     job: &ClaimedJob,
@@ -770,6 +790,18 @@ async fn finalize<B: Backend, H: Handler>(
     {
         return;
     }
+    finalize_now(shared, job, action).await;
+}
+
+/// Writes a job's outcome now, hooks included. A failure (of the database or of a hook) is
+/// tried again three times with growing pauses, whatever its kind: the fence makes a late
+/// attempt harmless, and a job whose finalize keeps failing waits for its lease to lapse.
+/// Returns whether the write applied.
+async fn finalize_now<B: Backend, H: Handler>(
+    shared: &Shared<B, H>,
+    job: &ClaimedJob,
+    action: Finalize,
+) -> bool {
     const DELAYS: [Duration; 3] = [
         Duration::from_millis(50),
         Duration::from_millis(250),
@@ -798,31 +830,35 @@ async fn finalize<B: Backend, H: Handler>(
                 if shared.hooks.is_empty() && matches!(result, Ok(FinalizeOutcome::Stale)) {
                     events::stale_finalize_fenced(shared.backend.queue(), job.claim(), &action);
                 }
-                log_decision(job, &action, &result);
+                let applied = matches!(result, Ok(FinalizeOutcome::Applied));
+                if applied {
+                    log_applied(shared.backend.queue(), job.claim(), &action);
+                }
                 record_outcome(shared, job.claim(), &action, result);
-                return;
+                return applied;
             }
         }
     }
 }
 
-fn log_decision(job: &ClaimedJob, action: &Finalize, result: &Result<FinalizeOutcome>) {
-    if !matches!(result, Ok(FinalizeOutcome::Applied)) {
-        return;
-    }
+/// The events of outcomes that an operator may want to see or alert on.
+fn log_applied(queue: &QueueName, claim: Claim, action: &Finalize) {
     match action {
         Finalize::RetryAt { error, .. } => tracing::info!(
             name: "queue.job_retry_scheduled",
-            job_id = job.id.0,
+            queue = %queue,
+            job_id = claim.id.0,
             error = %error,
             "queue.job_retry_scheduled"
         ),
         Finalize::FailTerminal { error } => tracing::warn!(
             name: "queue.job_failed",
-            job_id = job.id.0,
+            queue = %queue,
+            job_id = claim.id.0,
             error = %error,
             "queue.job_failed"
         ),
+        Finalize::Bury { .. } => events::job_dead(queue, claim.id),
         _ => {}
     }
 }
@@ -893,8 +929,11 @@ async fn run_completer<B: Backend>(
         match outcomes {
             Ok(outcomes) => {
                 for ((claim, action), outcome) in batch.iter().zip(&outcomes) {
-                    if *outcome == FinalizeOutcome::Stale {
-                        events::stale_finalize_fenced(backend.queue(), *claim, action);
+                    match outcome {
+                        FinalizeOutcome::Stale => {
+                            events::stale_finalize_fenced(backend.queue(), *claim, action)
+                        }
+                        FinalizeOutcome::Applied => log_applied(backend.queue(), *claim, action),
                     }
                 }
                 stats.send_modify(|s| {
@@ -929,6 +968,8 @@ mod tests {
             generation: ClaimGeneration(attempts as i64),
             attempts,
             reclaims,
+            taken_over: false,
+            over_reclaim_cap: false,
             claimed_at: chrono::Utc::now(),
             priority: 0,
             payload: serde_json::Value::Null,

@@ -107,7 +107,9 @@ impl<'a> FinalizeColumns<'a> {
                     (at, delay, Some(error.as_str()))
                 }
                 Finalize::FailTerminal { error } => (None, None, Some(error.as_str())),
-                Finalize::Cancel { reason } => (None, None, Some(reason.as_str())),
+                Finalize::Cancel { reason } | Finalize::Bury { reason } => {
+                    (None, None, Some(reason.as_str()))
+                }
                 Finalize::Complete | Finalize::Release => (None, None, None),
             };
             columns.ids.push(claim.id.0);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use queue_core::{
     Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
     ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
-    QueueCounts, QueueName, RECLAIM_CAP_MESSAGE,
+    QueueCounts, QueueName,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgRow};
@@ -275,6 +275,8 @@ fn claimed_job(row: &PgRow) -> Result<ClaimedJob, sqlx::Error> {
         generation: ClaimGeneration(row.try_get("claim_generation")?),
         attempts: row.try_get("attempts")?,
         reclaims: row.try_get("reclaims")?,
+        taken_over: row.try_get("taken_over")?,
+        over_reclaim_cap: row.try_get("over_reclaim_cap")?,
         claimed_at: row.try_get("claimed_at")?,
         priority: row.try_get("priority")?,
         payload: row.try_get::<Value, _>("payload")?,
@@ -338,25 +340,15 @@ impl Backend for PgQueue {
             .bind(i64::from(request.batch_size.max(1)))
             .bind(request.lease.as_secs_f64())
             .bind(i32::try_from(request.max_reclaims).unwrap_or(i32::MAX))
-            .bind(RECLAIM_CAP_MESSAGE)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(PgError::from)?;
-        let mut batch = ClaimBatch::default();
-        for row in &rows {
-            if row.try_get::<bool, _>("dead").map_err(PgError::from)? {
-                let id = JobId(row.try_get("id").map_err(PgError::from)?);
-                tracing::error!(
-                    name: "queue.job_dead",
-                    queue = %self.inner.config.queue,
-                    job_id = id.0,
-                    "queue.job_dead: lease expired past the reclaim cap; the job was moved to dead"
-                );
-                batch.dead.push(id);
-            } else {
-                batch.jobs.push(claimed_job(row).map_err(PgError::from)?);
-            }
-        }
+        let jobs = rows
+            .iter()
+            .map(claimed_job)
+            .collect::<Result<_, _>>()
+            .map_err(PgError::from)?;
+        let batch = ClaimBatch { jobs };
         Ok(batch)
     }
 

@@ -62,11 +62,11 @@ SELECT unique_key, id FROM "queue_jobs" WHERE queue = $1 AND unique_key = ANY($2
 /// a NULL `claimed_at` counting as expired; `next_attempt_at` order, then priority), with each
 /// predicate as its own ordered, index-backed `FOR UPDATE SKIP LOCKED` pick so that its cost does
 /// not grow with the backlog. PostgreSQL refuses `FOR UPDATE` under `UNION`, hence two
-/// materialized CTEs merged afterwards. Expired jobs past the reclaim cap are buried (`dead`)
-/// in the same statement instead of being handed out again.
+/// materialized CTEs merged afterwards. A takeover past the reclaim cap comes back flagged
+/// `over_reclaim_cap` (its holder buries it through [`FINALIZE`], with the hooks).
 ///
-/// `$1` queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap, `$5` the dead message.
-/// Rows come back claimed first (in claim order), then buried (`dead = true`).
+/// `$1` queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap. Rows come back in claim
+/// order.
 pub const CLAIM: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
@@ -85,17 +85,9 @@ expired AS MATERIALIZED (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ),
-buried AS (
-    UPDATE "queue_jobs" AS j
-    SET status = 'dead', claim_generation = j.claim_generation + 1, last_error = $5,
-        updated_at = now(), finished_at = now()
-    FROM expired AS e
-    WHERE j.id = e.id AND e.reclaims >= $4
-    RETURNING j.id
-),
 picked AS (
-    SELECT id, expired
-    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired WHERE reclaims < $4) AS candidates
+    SELECT id, expired, reclaims
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
     ORDER BY next_attempt_at, priority, id
     LIMIT $2
 ),
@@ -110,16 +102,13 @@ claimed AS (
     FROM picked AS p
     WHERE j.id = p.id
     RETURNING j.id, j.claim_generation, j.attempts, j.reclaims, j.claimed_at, j.priority,
-              j.payload, j.next_attempt_at
+              j.payload, j.next_attempt_at, p.expired AS taken_over,
+              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap
 )
-SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, false AS dead,
-       next_attempt_at
+SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, taken_over,
+       over_reclaim_cap
 FROM claimed
-UNION ALL
-SELECT id, NULL::bigint, NULL::int4, NULL::int4, NULL::timestamptz, NULL::int2, NULL::jsonb,
-       true, NULL::timestamptz
-FROM buried
-ORDER BY dead, next_attempt_at, priority, id
+ORDER BY next_attempt_at, priority, id
 "#;
 
 /// Every lease-holder write but the heartbeat, for one job or many: each row is a
@@ -133,15 +122,16 @@ UPDATE "queue_jobs" AS j
 SET status = CASE u.kind WHEN 'complete' THEN 'completed'
                          WHEN 'fail_terminal' THEN 'failed'
                          WHEN 'cancel' THEN 'cancelled'
+                         WHEN 'bury' THEN 'dead'
                          ELSE 'pending' END,
     attempts = j.attempts - CASE WHEN u.kind = 'release' THEN 1 ELSE 0 END,
     next_attempt_at = CASE WHEN u.kind = 'retry'
                            THEN COALESCE(u.run_at, now() + make_interval(secs => COALESCE(u.delay_secs, 0)))
                            ELSE j.next_attempt_at END,
-    last_error = CASE WHEN u.kind IN ('fail_terminal', 'retry', 'cancel') THEN u.error
+    last_error = CASE WHEN u.kind IN ('fail_terminal', 'retry', 'cancel', 'bury') THEN u.error
                       ELSE j.last_error END,
     updated_at = now(),
-    finished_at = CASE WHEN u.kind IN ('complete', 'fail_terminal', 'cancel') THEN now() END
+    finished_at = CASE WHEN u.kind IN ('complete', 'fail_terminal', 'cancel', 'bury') THEN now() END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[], $5::float8[], $6::text[])
      AS u(id, claim_generation, kind, run_at, delay_secs, error)
 WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
@@ -322,6 +312,9 @@ mod tests {
             },
             Finalize::Release,
             Finalize::Cancel {
+                reason: String::new(),
+            },
+            Finalize::Bury {
                 reason: String::new(),
             },
         ];

@@ -9,7 +9,7 @@ use deadpool_postgres::{GenericClient, Object, Pool};
 use queue_core::{
     Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
     ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
-    QueueCounts, QueueName, RECLAIM_CAP_MESSAGE,
+    QueueCounts, QueueName,
 };
 use tokio::sync::Notify;
 use tokio_postgres::Row;
@@ -395,6 +395,8 @@ fn claimed_job(row: &Row) -> Result<ClaimedJob, tokio_postgres::Error> {
         generation: ClaimGeneration(row.try_get("claim_generation")?),
         attempts: row.try_get("attempts")?,
         reclaims: row.try_get("reclaims")?,
+        taken_over: row.try_get("taken_over")?,
+        over_reclaim_cap: row.try_get("over_reclaim_cap")?,
         claimed_at: row.try_get("claimed_at")?,
         priority: row.try_get("priority")?,
         payload: row.try_get("payload")?,
@@ -466,26 +468,16 @@ impl Backend for TpQueue {
                     &i64::from(request.batch_size.max(1)),
                     &request.lease.as_secs_f64(),
                     &max_reclaims,
-                    &RECLAIM_CAP_MESSAGE,
                 ],
             )
             .await
             .map_err(PgError::from)?;
-        let mut batch = ClaimBatch::default();
-        for row in &rows {
-            if row.try_get::<_, bool>("dead").map_err(PgError::from)? {
-                let id = JobId(row.try_get("id").map_err(PgError::from)?);
-                tracing::error!(
-                    name: "queue.job_dead",
-                    queue = %self.inner.config.queue,
-                    job_id = id.0,
-                    "queue.job_dead: lease expired past the reclaim cap; the job was moved to dead"
-                );
-                batch.dead.push(id);
-            } else {
-                batch.jobs.push(claimed_job(row).map_err(PgError::from)?);
-            }
-        }
+        let jobs = rows
+            .iter()
+            .map(claimed_job)
+            .collect::<Result<_, _>>()
+            .map_err(PgError::from)?;
+        let batch = ClaimBatch { jobs };
         Ok(batch)
     }
 

@@ -306,7 +306,6 @@ async fn explain_claim(db: &TestDb, queue: &PgQueue) -> Value {
         .bind(1_i64)
         .bind(90.0_f64)
         .bind(5_i32)
-        .bind("x")
         .fetch_one(&db.pool)
         .await
         .unwrap();

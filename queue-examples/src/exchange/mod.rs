@@ -118,7 +118,7 @@ impl EventType {
         use queue_core::Finalize;
         match action {
             Finalize::Complete => Some((EventType::Sent, TransactionStatus::Success)),
-            Finalize::FailTerminal { .. } | Finalize::Cancel { .. } => {
+            Finalize::FailTerminal { .. } | Finalize::Cancel { .. } | Finalize::Bury { .. } => {
                 Some((EventType::Failed, TransactionStatus::Failed))
             }
             Finalize::RetryAt { .. } | Finalize::Release => None,
