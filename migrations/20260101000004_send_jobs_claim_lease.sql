@@ -6,8 +6,8 @@
 DROP INDEX IF EXISTS "idx_exchange_send_jobs_stuck_in_flight";
 -- Upgrades a legacy queue table (a pre-lease claim pattern: status + attempts + next_attempt_at,
 -- no claim stamp) to the lease schema: the seed's D1, generalised. Rendered for the configured
--- table by queue_postgres::schema::upgrade_legacy_sql; "exchange_send_jobs" stands for its name and
--- 'default' for its queue.
+-- table by queue_postgres::schema::upgrade_legacy_sql, which puts the table's name in place of
+-- "exchange_send_jobs" and its queue's name in the queue column's default.
 --
 -- No backfill of claimed_at: a legacy in_flight row keeps claimed_at NULL, which the claim
 -- treats as an expired lease, so rows stranded by the old release are re-claimable at once.
@@ -33,3 +33,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS "exchange_send_jobs_unique_idx"
     ON "exchange_send_jobs" (queue, unique_key) WHERE unique_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "exchange_send_jobs_finished_idx"
     ON "exchange_send_jobs" (finished_at) WHERE finished_at IS NOT NULL;
+
+-- Terminal rows of the legacy table carry no finished_at: stamp them with the upgrade's time, so
+-- that the retention sweep reaches them (their retention counts from the upgrade).
+UPDATE "exchange_send_jobs" SET finished_at = now()
+WHERE finished_at IS NULL AND status IN ('completed', 'failed', 'dead', 'cancelled');

@@ -1,8 +1,10 @@
 -- The exchange's own half of adopting the framework, after the generic lease upgrade:
--- * the legacy status word 'sent' becomes the framework's 'completed';
+-- * the legacy status word 'sent' becomes the framework's 'completed' (finished when last
+--   updated, so retention reaches those rows);
 -- * legacy rows get the payload the send handler reads (new rows are written with it);
 -- * the legacy pending index is superseded by exchange_send_jobs_due_idx.
-UPDATE exchange_send_jobs SET status = 'completed' WHERE status = 'sent';
+UPDATE exchange_send_jobs SET status = 'completed', finished_at = coalesce(finished_at, updated_at)
+WHERE status = 'sent';
 
 UPDATE exchange_send_jobs AS j
 SET payload = jsonb_build_object(

@@ -170,17 +170,55 @@ async fn the_terminal_guard_refuses_flips_and_retry_is_the_only_exit_from_failed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_flip_is_logged_and_stages_no_event_but_the_job_still_finalizes() {
     let (db, store) = exchange_db().await;
+    // Already terminal (say an operator marked it): flipping is refused, and so is restamping the
+    // same status; either way the job's own outcome applies (it is the source of truth) and no
+    // event is staged.
+    for preset in ["success", "failed"] {
+        let id = store
+            .create_transactions(&[("acme".into(), 5)])
+            .await
+            .unwrap()[0];
+        sqlx::query("UPDATE exchange_transactions SET status = $2 WHERE id = $1")
+            .bind(id)
+            .bind(preset)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let job = store
+            .queue()
+            .claim(ClaimRequest::new(1, Lease::DEFAULT))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        let failed = Finalize::FailTerminal {
+            error: "partner said no".into(),
+        };
+        let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &failed)
+            .await
+            .unwrap();
+        assert_eq!(outcome, FinalizeOutcome::Applied);
+        let status = store.transaction(id).await.unwrap().unwrap().status;
+        assert_eq!(status.as_str(), preset);
+        assert!(
+            store.events(id).await.unwrap().is_empty(),
+            "a refused stamp staged an event ({preset})"
+        );
+    }
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn in_memory_a_refused_stamp_stages_no_event_either() {
+    use queue_core::BackendTx;
+    let store = MemExchange::new();
     let id = store
         .create_transactions(&[("acme".into(), 5)])
         .await
         .unwrap()[0];
-    // The transaction is already terminal (say an operator marked it): the job's own outcome
-    // must still apply (it is the source of truth) but neither flip nor stage.
-    sqlx::query("UPDATE exchange_transactions SET status = 'success' WHERE id = $1")
-        .bind(id)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let mut tx = store.queue().begin().await.unwrap();
+    assert!(store.stamp_transaction(&mut tx, id, TransactionStatus::Failed));
+    tx.commit().await.unwrap();
     let job = store
         .queue()
         .claim(ClaimRequest::new(1, Lease::DEFAULT))
@@ -189,20 +227,66 @@ async fn a_refused_flip_is_logged_and_stages_no_event_but_the_job_still_finalize
         .jobs
         .remove(0);
     let failed = Finalize::FailTerminal {
-        error: "partner said no".into(),
+        error: "again".into(),
     };
     let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &failed)
         .await
         .unwrap();
     assert_eq!(outcome, FinalizeOutcome::Applied);
+    assert!(store.events(id).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_send_job_is_buried_and_its_transaction_fails_with_an_event() {
+    let (db, store) = exchange_db().await;
+    let id = store
+        .create_transactions(&[("acme".into(), 7)])
+        .await
+        .unwrap()[0];
+    let table = TableName::new("exchange_send_jobs").unwrap();
+    // Six workers died holding the send (the default cap allows five takeovers).
+    for _ in 0..6 {
+        let jobs = store
+            .queue()
+            .claim(ClaimRequest::new(1, Lease::DEFAULT))
+            .await
+            .unwrap()
+            .jobs;
+        assert_eq!(jobs.len(), 1);
+        queue_postgres::testing::age_rows(&db.pool, &table, Lease::DEFAULT.duration() * 2).await;
+    }
+    let server = PartnerServer::start(HashMap::from([(
+        "acme".to_owned(),
+        Behavior::Flaky {
+            fail_rate: 0.0,
+            latency: Duration::ZERO,
+        },
+    )]))
+    .await
+    .unwrap();
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(&store, 1).await;
+    let report = worker.shutdown().await.unwrap();
+    assert_eq!(report.stats.dead, 1);
+    assert_eq!(server.posts(), 0, "a buried job must not be sent again");
     assert_eq!(
         store.transaction(id).await.unwrap().unwrap().status,
-        TransactionStatus::Success
+        TransactionStatus::Failed
     );
-    assert!(
-        store.events(id).await.unwrap().is_empty(),
-        "a refused flip staged an event"
+    let events = store.events(id).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+        vec![EventType::Failed]
     );
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM exchange_send_jobs WHERE transaction_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "dead");
     db.drop_db().await;
 }
 

@@ -1,7 +1,7 @@
 -- Upgrades a legacy queue table (a pre-lease claim pattern: status + attempts + next_attempt_at,
 -- no claim stamp) to the lease schema: the seed's D1, generalised. Rendered for the configured
--- table by queue_postgres::schema::upgrade_legacy_sql; "queue_jobs" stands for its name and
--- 'default' for its queue.
+-- table by queue_postgres::schema::upgrade_legacy_sql, which puts the table's name in place of
+-- "queue_jobs" and its queue's name in the queue column's default.
 --
 -- No backfill of claimed_at: a legacy in_flight row keeps claimed_at NULL, which the claim
 -- treats as an expired lease, so rows stranded by the old release are re-claimable at once.
@@ -27,3 +27,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS "queue_jobs_unique_idx"
     ON "queue_jobs" (queue, unique_key) WHERE unique_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "queue_jobs_finished_idx"
     ON "queue_jobs" (finished_at) WHERE finished_at IS NOT NULL;
+
+-- Terminal rows of the legacy table carry no finished_at: stamp them with the upgrade's time, so
+-- that the retention sweep reaches them (their retention counts from the upgrade).
+UPDATE "queue_jobs" SET finished_at = now()
+WHERE finished_at IS NULL AND status IN ('completed', 'failed', 'dead', 'cancelled');

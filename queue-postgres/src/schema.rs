@@ -58,8 +58,10 @@ pub async fn install_table(pool: &PgPool, table: &TableName) -> Result<(), PgErr
 /// adds `claimed_at` (no backfill: NULL counts as an expired lease, so rows stranded in flight by
 /// the old release are re-claimable at once) and `claim_generation`, the framework's other
 /// columns with defaults (`queue` defaults to `queue`, so legacy rows belong to it), drops the old
-/// stuck-job index if named, and creates the partial indexes (lease: `WHERE status =
-/// 'in_flight'`).
+/// stuck-job index if named, creates the partial indexes (lease: `WHERE status =
+/// 'in_flight'`), and stamps `finished_at` on terminal rows so retention reaches them. The
+/// indexes are built without `CONCURRENTLY` (a migration runs in a transaction): on a large
+/// table, build them concurrently beforehand under the same names and the upgrade skips them.
 ///
 /// Legacy status values outside the framework's vocabulary (`pending`, `in_flight`,
 /// `completed`, `failed`, `dead`, `cancelled`) must be mapped by the adopter's own migration.

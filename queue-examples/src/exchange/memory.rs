@@ -22,6 +22,9 @@ struct Domain {
     next_key: u64,
     transactions: BTreeMap<i64, TransactionView>,
     outbox: Vec<EventView>,
+    /// The transactions whose status the terminal guard stamped in the open queue transaction
+    /// (the store's lock serialises them): the outbox stages only for these.
+    stamped_now: HashSet<i64>,
 }
 
 impl Domain {
@@ -65,11 +68,17 @@ impl MemExchange {
         }
         let previous = row.status;
         row.status = status;
-        let undo = self.domain.clone();
+        domain.stamped_now.insert(id);
+        let (undo, done) = (self.domain.clone(), self.domain.clone());
         tx.on_rollback(move || {
-            if let Some(row) = undo.lock().unwrap().transactions.get_mut(&id) {
+            let mut domain = undo.lock().unwrap();
+            domain.stamped_now.remove(&id);
+            if let Some(row) = domain.transactions.get_mut(&id) {
                 row.status = previous;
             }
+        });
+        tx.on_commit(move || {
+            done.lock().unwrap().stamped_now.remove(&id);
         });
         true
     }
@@ -126,6 +135,10 @@ impl FinalizeHook<MemoryBackend> for MemOutboxStager {
         };
         let id = transaction_of(event)?;
         let mut domain = self.0.domain.lock().unwrap();
+        if !domain.stamped_now.contains(&id) {
+            // The guard refused (or nothing was stamped in this transaction): no event.
+            return Ok(());
+        }
         let Some(row) = domain
             .transactions
             .get(&id)

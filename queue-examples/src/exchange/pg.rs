@@ -43,12 +43,14 @@ UPDATE exchange_transactions SET status = $2, updated_at = now()
 WHERE id = $1 AND ($2 NOT IN ('success', 'failed') OR status NOT IN ('success', 'failed'))
 "#;
 
-/// Stages an event only if the transaction now stands where the outcome put it (so a guard that
-/// refused also stops the event). `$1` transaction, `$2` event type, `$3` job, `$4` generation,
-/// `$5` the status the outcome leads to.
+/// Stages an event only if this very transaction's guard stamped the status the outcome leads
+/// to (`updated_at = now()`: `now()` is the transaction's start, the same for both hooks), so a
+/// guard that refused, even a same-status refusal, stops the event. `$1` transaction, `$2` event
+/// type, `$3` job, `$4` generation, `$5` the status the outcome leads to.
 const STAGE_EVENT: &str = r#"
 INSERT INTO exchange_outbox (event_type, transaction_id, correlation_id, send_job_id, claim_generation)
-SELECT $2, id, correlation_id, $3, $4 FROM exchange_transactions WHERE id = $1 AND status = $5
+SELECT $2, id, correlation_id, $3, $4 FROM exchange_transactions
+WHERE id = $1 AND status = $5 AND updated_at = now()
 "#;
 
 /// The guarded exit from `failed` with a new idempotency key. `$1` transaction.
