@@ -268,9 +268,10 @@ mod tests {
             assert!(squashed.contains(needle), "missing {needle:?}");
         }
         assert!(
-            !squashed.contains("UPDATE"),
-            "the upgrade must not backfill"
+            !squashed.contains("SET claimed_at"),
+            "the upgrade must not backfill claimed_at"
         );
+        assert!(squashed.contains("SET finished_at = now() WHERE finished_at IS NULL"));
         assert!(
             upgrade_legacy_sql(&table, &queue, Some("bad\"; drop")).is_err(),
             "an injected index name was accepted"
