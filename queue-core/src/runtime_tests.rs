@@ -390,3 +390,131 @@ async fn handlers_see_the_lease_left_and_can_release_without_counting_an_attempt
     assert_eq!(row.status, JobStatus::Pending);
     assert_eq!(row.attempts, 0, "a release must give the attempt back");
 }
+
+/// Two slow jobs eat most of the lease; the job prefetched behind them must not start with less
+/// lease left than a full run could need.
+struct SlowFirst(Arc<AtomicU32>);
+
+impl Handler for SlowFirst {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, payload: Value) -> Result<(), JobError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        if payload["n"] != 2 {
+            tokio::time::sleep(Duration::from_secs(25)).await;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefetched_job_with_too_little_lease_left_is_released_not_started() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = MemoryBackend::new();
+    queue
+        .enqueue_many(
+            (0..3)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: 2,
+        lease: Lease::from_secs(60).unwrap(),
+        job_timeout: Duration::from_secs(29),
+        ..no_backoff(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), SlowFirst(runs.clone()), config)
+        .unwrap()
+        .start();
+    let stats = worker.wait_for(|s| s.completed == 3).await;
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    // 50 s into a 60 s lease, 10 s were left for a job allowed 29: released, claimed afresh.
+    assert!(stats.released >= 1, "{stats:?}");
+    assert_eq!(stats.retried, 0, "{stats:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "each job ran exactly once");
+    assert!(captured.count(crate::events::CLAIM_RELEASED) >= 1);
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(counts.completed, 3);
+}
+
+/// Fails its first `n` runs, then lets the finalize through.
+struct FlakyHook(Arc<AtomicU32>, u32);
+
+#[async_trait::async_trait]
+impl crate::FinalizeHook<MemoryBackend> for FlakyHook {
+    async fn after_applied(
+        &self,
+        _tx: &mut crate::MemoryTx,
+        _event: &crate::FinalizeEvent<'_>,
+    ) -> Result<(), crate::BoxError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) < self.1 {
+            return Err("the outbox table is locked".into());
+        }
+        Ok(())
+    }
+}
+
+struct Quick;
+
+impl Handler for Quick {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_finalize_is_tried_again_and_then_left_to_the_lease() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = MemoryBackend::new();
+    let passes = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    // Two failures, then success: the third attempt applies.
+    let calls = Arc::new(AtomicU32::new(0));
+    let worker = Worker::new(queue.clone(), Quick, no_backoff(WorkerConfig::default()))
+        .unwrap()
+        .hook(FlakyHook(calls.clone(), 2))
+        .start();
+    let stats = worker.wait_for(|s| s.completed == 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        (stats.finalize_errors, calls.load(Ordering::SeqCst)),
+        (0, 3)
+    );
+    assert_eq!(captured.count(crate::events::FINALIZE_RETRY), 2);
+    assert_eq!(
+        queue.get(passes).await.unwrap().unwrap().status,
+        JobStatus::Completed
+    );
+
+    // Always failing: three retries, then the job is left in flight for its lease to lapse.
+    let stuck = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let worker = Worker::new(queue.clone(), Quick, no_backoff(WorkerConfig::default()))
+        .unwrap()
+        .hook(FlakyHook(Arc::new(AtomicU32::new(0)), u32::MAX))
+        .start();
+    let stats = worker.wait_for(|s| s.finalize_errors == 1).await;
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    assert_eq!(stats.completed, 0);
+    assert_eq!(captured.count(crate::events::FINALIZE_FAILED), 1);
+    let row = queue.get(stuck).await.unwrap().unwrap();
+    assert_eq!(
+        row.status,
+        JobStatus::InFlight,
+        "nothing half-written: the lease decides"
+    );
+}

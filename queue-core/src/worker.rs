@@ -583,7 +583,17 @@ async fn shut_down<B: Backend, H: Handler>(
         };
         if let Some(owner) = owners.remove(&id) {
             if joined.is_err() {
-                // Aborted mid-run: give the job back now rather than after a full lease.
+                // Aborted mid-run: give the job back now rather than after a full lease. (No
+                // hooks: they need the claimed job, which is not kept per running task, and a
+                // release ends nothing for them to record.)
+                tracing::info!(
+                    name: "queue.claim_released",
+                    queue = %shared.backend.queue(),
+                    job_id = owner.claim.id.0,
+                    generation = owner.claim.generation.0,
+                    reason = "aborted at the shutdown deadline",
+                    "queue.claim_released"
+                );
                 let outcome = shared
                     .backend
                     .finalize(owner.claim, &Finalize::Release)

@@ -30,6 +30,7 @@ per_driver!(
     retention_sweeps_old_terminal_rows_in_batches_and_nothing_else,
     a_stale_finalize_in_the_callers_transaction_writes_nothing,
     connecting_to_a_stopped_server_is_a_transient_error,
+    a_worker_without_listen_finds_work_by_polling,
 );
 
 fn req(batch: u32) -> ClaimRequest {
@@ -661,4 +662,32 @@ async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: Driver>()
 async fn connecting_to_a_stopped_server_is_a_transient_error<D: Driver>() {
     let err = D::check_unreachable().await;
     assert!(err.is_transient(), "{err}");
+}
+
+/// The fallback: with no `LISTEN` connection at all, the poll finds the work.
+async fn a_worker_without_listen_finds_work_by_polling<D: Driver>() {
+    let db = TestDb::new().await;
+    let config = PgQueueConfig {
+        listen: false,
+        ..PgQueueConfig::default()
+    };
+    let queue = D::connect(&db, config).await.unwrap();
+    assert!(queue.wake_signal().is_none());
+    let worker_config = WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(queue.clone(), Done, worker_config)
+        .unwrap()
+        .start();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.wait_for(|s| s.completed == 1),
+    )
+    .await
+    .expect("polling alone should find the job");
+    worker.shutdown().await.unwrap();
+    assert_eq!(listener_pids(&db).await, Vec::<i32>::new());
+    db.drop_db().await;
 }
