@@ -63,9 +63,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Opens a transaction.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx>> + Send;
 
-    /// Claims up to `request.batch_size` jobs (see the trait docs for the semantics). Jobs whose
-    /// lease expired after `request.max_reclaims` takeovers are moved to `dead` and reported in
-    /// [`ClaimBatch::dead`] instead.
+    /// Claims up to `request.batch_size` jobs (see the trait docs for the semantics). A takeover
+    /// of a job whose lease had already expired `request.max_reclaims` times comes back flagged
+    /// [`ClaimedJob::over_reclaim_cap`](crate::ClaimedJob::over_reclaim_cap): do not run it, end
+    /// it with [`Finalize::Bury`].
     fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<ClaimBatch>> + Send;
 
     /// Applies `action` to the claimed job inside `tx`, fenced on `(id, in_flight, generation)`.
