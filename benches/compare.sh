@@ -3,6 +3,7 @@
 # session, and prints queue-bench's processing rate as a ratio of the limit at B=500.
 #
 # usage: benches/compare.sh [JOBS] [WORKERS] [RUNS]      (defaults 20000 8 3)
+# Runs queue-bench once per driver (sqlx, tokio-postgres) after the limit.
 # env:   SQL_LIMIT (path to sql-limit.sh), PGURL / QUEUE_TEST_PG_URL (the server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,14 +15,17 @@ cargo build --release -q -p benches --bin queue-bench
 
 limits=$(JOBS=$JOBS bash "$LIMIT_SCRIPT" "1 50 500" "4 8")
 echo "$limits"
-bench=$("$CARGO_TARGET_DIR/release/queue-bench" --jobs "$JOBS" --workers "$WORKERS" --runs "$RUNS")
-echo "$bench"
-python3 - "$limits" "$bench" <<'PY'
+for driver in sqlx tokio-postgres; do
+  bench=$("$CARGO_TARGET_DIR/release/queue-bench" --jobs "$JOBS" --workers "$WORKERS" --runs "$RUNS" --driver "$driver")
+  echo "driver=$driver"
+  echo "$bench"
+  python3 - "$limits" "$bench" "$driver" <<'PY'
 import re, sys
-limits, bench = sys.argv[1], sys.argv[2]
+limits, bench, driver = sys.argv[1], sys.argv[2], sys.argv[3]
 b500 = [int(m) for m in re.findall(r"batch=500 clients=\d+ jobs=\d+ jobs_per_s=(\d+)", limits)]
 last = bench.strip().splitlines()[-1]
 proc = int(re.search(r"process_jps=(\d+)", last).group(1))
 best = max(b500)
-print(f"ratio: process_jps={proc} limit_b500_best={best} ratio={proc / best:.2f}")
+print(f"ratio: driver={driver} process_jps={proc} limit_b500_best={best} ratio={proc / best:.2f}")
 PY
+done

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p benches --bin queue-bench -- --jobs 20000 --workers 8 [--runs 3]
-//!     [--batch 500] [--latency-jobs 1000] [--rate 200]
+//!     [--batch 500] [--latency-jobs 1000] [--rate 200] [--driver sqlx|tokio-postgres]
 //! ```
 //! Per run, on a fresh scratch database: enqueue `--jobs` noop jobs in batches of 1000 (timed),
 //! then drain them with one worker of concurrency `--workers` until SQL confirms every job
@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use queue_core::{Backend, Handler, JobContext, JobError, NewJob, Worker, WorkerConfig};
-use queue_postgres::{PgQueue, PgQueueConfig};
+use queue_postgres::testing::ScratchDb;
+use queue_postgres::{PgQueue, PgQueueConfig, TpQueue};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -60,6 +61,7 @@ struct Options {
     runs: usize,
     latency_jobs: usize,
     rate: f64,
+    driver: String,
 }
 
 fn parse() -> Result<Options, String> {
@@ -70,6 +72,7 @@ fn parse() -> Result<Options, String> {
         runs: 1,
         latency_jobs: 1000,
         rate: 200.0,
+        driver: "sqlx".to_owned(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -82,6 +85,8 @@ fn parse() -> Result<Options, String> {
             "--runs" => o.runs = value.parse().map_err(|e| bad(&e))?,
             "--latency-jobs" => o.latency_jobs = value.parse().map_err(|e| bad(&e))?,
             "--rate" => o.rate = value.parse().map_err(|e| bad(&e))?,
+            "--driver" if value == "sqlx" || value == "tokio-postgres" => o.driver = value,
+            "--driver" => return Err(format!("--driver {value}: use sqlx or tokio-postgres")),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -98,14 +103,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-async fn completed(queue: &PgQueue) -> u64 {
+async fn completed<B: Backend>(queue: &B) -> u64 {
     queue.counts().await.expect("counts").completed
 }
 
 /// Enqueue, then drain; returns (enqueue jobs/s, process jobs/s, duplicates).
-async fn throughput_run(o: &Options) -> (f64, f64, u64) {
-    let db = benches::scratch_db().await;
-    let queue = benches::queue(&db.pool).await;
+async fn throughput_run<B: Backend>(o: &Options, queue: B) -> (f64, f64, u64) {
     let start = Instant::now();
     let mut ids = Vec::with_capacity(o.jobs);
     for chunk in (0..o.jobs).collect::<Vec<_>>().chunks(1000) {
@@ -153,7 +156,6 @@ async fn throughput_run(o: &Options) -> (f64, f64, u64) {
         .iter()
         .map(|r| u64::from(r.load(Ordering::Relaxed)))
         .sum();
-    db.drop_db().await;
     (
         enqueue_jps,
         process_jps,
@@ -162,11 +164,7 @@ async fn throughput_run(o: &Options) -> (f64, f64, u64) {
 }
 
 /// Start latency with NOTIFY: returns (p50 ms, p99 ms).
-async fn latency_run(o: &Options) -> (f64, f64) {
-    let db = benches::scratch_db().await;
-    let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
-        .await
-        .expect("schema");
+async fn latency_run<B: Backend>(o: &Options, queue: B) -> (f64, f64) {
     let started = Arc::new(Mutex::new(Vec::with_capacity(o.latency_jobs)));
     let config = WorkerConfig {
         concurrency: o.workers,
@@ -209,8 +207,44 @@ async fn latency_run(o: &Options) -> (f64, f64) {
         .map(|(id, at)| started[id].saturating_duration_since(*at).as_secs_f64() * 1000.0)
         .collect();
     waits.sort_by(f64::total_cmp);
-    db.drop_db().await;
     (percentile(&waits, 50.0), percentile(&waits, 99.0))
+}
+
+/// A handle on `db`'s standard table through the driver the options name.
+async fn tp_queue(db: &ScratchDb, listen: bool) -> TpQueue {
+    let config = PgQueueConfig {
+        listen,
+        ..PgQueueConfig::default()
+    };
+    TpQueue::connect(
+        db.tokio_postgres_pool(12),
+        config,
+        db.tokio_postgres_config(),
+    )
+    .await
+    .expect("schema")
+}
+
+/// One run: throughput on a fresh database, then latency on another.
+async fn run_once(o: &Options) -> ((f64, f64, u64), (f64, f64)) {
+    let db = benches::scratch_db().await;
+    let throughput = match o.driver.as_str() {
+        "sqlx" => throughput_run(o, benches::queue(&db.pool).await).await,
+        _ => throughput_run(o, tp_queue(&db, false).await).await,
+    };
+    db.drop_db().await;
+    let db = benches::scratch_db().await;
+    let latency = match o.driver.as_str() {
+        "sqlx" => {
+            let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
+                .await
+                .expect("schema");
+            latency_run(o, queue).await
+        }
+        _ => latency_run(o, tp_queue(&db, true).await).await,
+    };
+    db.drop_db().await;
+    (throughput, latency)
 }
 
 #[tokio::main]
@@ -225,8 +259,7 @@ async fn main() {
     let (mut enq, mut proc, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut duplicates = 0;
     for run in 1..=o.runs.max(1) {
-        let (e, p, d) = throughput_run(&o).await;
-        let (p50, p99) = latency_run(&o).await;
+        let ((e, p, d), (p50, p99)) = run_once(&o).await;
         println!(
             "run {run}: enqueue_jps={e:.0} process_jps={p:.0} p50_start_ms={p50:.2} p99_start_ms={p99:.2} duplicates={d}"
         );
