@@ -140,6 +140,51 @@ pub(crate) fn outcomes(
         .collect()
 }
 
+/// Builds a [`queue_core::ClaimedJob`] from a row of [`crate::sql::CLAIM`]. A macro, not a
+/// function: both drivers' rows read columns with `try_get(name)`, through different traits.
+macro_rules! claimed_job_from_row {
+    ($row:expr) => {
+        queue_core::ClaimedJob {
+            id: queue_core::JobId($row.try_get("id")?),
+            generation: queue_core::ClaimGeneration($row.try_get("claim_generation")?),
+            attempts: $row.try_get("attempts")?,
+            reclaims: $row.try_get("reclaims")?,
+            taken_over: $row.try_get("taken_over")?,
+            over_reclaim_cap: $row.try_get("over_reclaim_cap")?,
+            claimed_at: $row.try_get("claimed_at")?,
+            priority: $row.try_get("priority")?,
+            payload: $row.try_get("payload")?,
+        }
+    };
+}
+
+/// Builds a [`queue_core::JobRecord`] from a row of [`crate::sql::GET`] (see
+/// `claimed_job_from_row!` for why a macro).
+macro_rules! job_record_from_row {
+    ($row:expr) => {{
+        let id: i64 = $row.try_get("id")?;
+        queue_core::JobRecord {
+            id: queue_core::JobId(id),
+            queue: $row.try_get("queue")?,
+            status: $crate::batch::parse_status(id, $row.try_get("status")?)?,
+            payload: $row.try_get("payload")?,
+            priority: $row.try_get("priority")?,
+            attempts: $row.try_get("attempts")?,
+            reclaims: $row.try_get("reclaims")?,
+            next_attempt_at: $row.try_get("next_attempt_at")?,
+            claimed_at: $row.try_get("claimed_at")?,
+            claim_generation: queue_core::ClaimGeneration($row.try_get("claim_generation")?),
+            last_error: $row.try_get("last_error")?,
+            unique_key: $row.try_get("unique_key")?,
+            created_at: $row.try_get("created_at")?,
+            updated_at: $row.try_get("updated_at")?,
+            finished_at: $row.try_get("finished_at")?,
+        }
+    }};
+}
+
+pub(crate) use {claimed_job_from_row, job_record_from_row};
+
 pub(crate) fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
     match run_at {
         RunAt::Now => (None, None),

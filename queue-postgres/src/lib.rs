@@ -72,6 +72,8 @@ pub mod testing;
 mod tp;
 #[cfg(feature = "tokio-postgres")]
 mod tp_listener;
+#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+mod wake;
 
 pub use config::PgQueueConfig;
 pub use error::PgError;

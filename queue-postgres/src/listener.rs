@@ -1,8 +1,7 @@
-//! The `LISTEN` side of wake-ups: one dedicated connection per queue handle, re-established
-//! when lost; polling covers the gap.
+//! The `LISTEN` side of wake-ups for the sqlx driver: one dedicated connection per queue handle,
+//! re-established when lost ([`crate::wake::supervise`]); polling covers the gap.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
@@ -10,16 +9,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::LISTENER_APPLICATION_NAME;
-
-/// Stops the listener task when the last queue handle is dropped.
-#[derive(Debug)]
-pub(crate) struct ListenerGuard(CancellationToken);
-
-impl Drop for ListenerGuard {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
+use crate::wake::{self, ListenerGuard};
 
 /// Starts listening on `channel` for notifications whose payload is `queue`; each one fires
 /// `wake`. A lost connection also fires `wake` (notifications sent meanwhile are gone, so the
@@ -43,50 +33,33 @@ pub(crate) fn spawn(
         .idle_timeout(None)
         .max_lifetime(None)
         .connect_lazy_with(options);
-    tokio::spawn(run(listener_pool, channel, queue, wake, stop.clone()));
+    let supervised = wake::supervise(channel.clone(), wake.clone(), stop.clone(), move || {
+        session(
+            listener_pool.clone(),
+            channel.clone(),
+            queue.clone(),
+            wake.clone(),
+        )
+    });
+    tokio::spawn(supervised);
     ListenerGuard(stop)
 }
 
-async fn run(
+/// One listening session: whether it got as far as listening, and the error that ended it.
+async fn session(
     pool: PgPool,
     channel: String,
     queue: String,
     wake: Arc<Notify>,
-    stop: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(100);
-    while !stop.is_cancelled() {
-        let mut connected = false;
-        let result = tokio::select! {
-            _ = stop.cancelled() => break,
-            result = session(&pool, &channel, &queue, &wake, &mut connected) => result,
-        };
-        if connected {
-            backoff = Duration::from_millis(100);
-        }
-        let err = match result {
-            Ok(never) => match never {},
-            Err(err) => err,
-        };
-        tracing::warn!(
-            name: "queue.listener_lost",
-            channel = %channel,
-            error = %err,
-            retry_in_ms = backoff.as_millis() as u64,
-            "queue.listener_lost: workers poll until it is back"
-        );
-        wake.notify_waiters();
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+) -> (bool, sqlx::Error) {
+    let mut connected = false;
+    match listen(&pool, &channel, &queue, &wake, &mut connected).await {
+        Ok(never) => match never {},
+        Err(err) => (connected, err),
     }
-    pool.close().await;
 }
 
-/// One listening session; returns only with the error that ended it.
-async fn session(
+async fn listen(
     pool: &PgPool,
     channel: &str,
     queue: &str,
@@ -96,9 +69,7 @@ async fn session(
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(channel).await?;
     *connected = true;
-    tracing::info!(name: "queue.listener_connected", channel = %channel, "queue.listener_connected");
-    // Anything enqueued while nobody listened was not announced: let the workers poll once.
-    wake.notify_waiters();
+    wake::listening(channel, wake);
     loop {
         match listener.try_recv().await? {
             Some(note) if note.payload() == queue => wake.notify_waiters(),

@@ -5,11 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{
-    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
-    ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
-    QueueCounts, QueueName,
+    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, ClaimedJob, Enqueued,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
 };
-use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 use tokio::sync::Notify;
@@ -17,9 +15,10 @@ use tokio::sync::Notify;
 use crate::batch::{self, EnqueueColumns, FinalizeColumns, parse_status};
 use crate::config::PgQueueConfig;
 use crate::error::PgError;
-use crate::listener::{self, ListenerGuard};
+use crate::listener;
 use crate::schema;
 use crate::sql::Statements;
+use crate::wake::ListenerGuard;
 
 /// A queue in a PostgreSQL table, on a sqlx pool. Cloning is cheap and shares everything.
 ///
@@ -270,38 +269,11 @@ impl PgQueue {
 }
 
 fn claimed_job(row: &PgRow) -> Result<ClaimedJob, sqlx::Error> {
-    Ok(ClaimedJob {
-        id: JobId(row.try_get("id")?),
-        generation: ClaimGeneration(row.try_get("claim_generation")?),
-        attempts: row.try_get("attempts")?,
-        reclaims: row.try_get("reclaims")?,
-        taken_over: row.try_get("taken_over")?,
-        over_reclaim_cap: row.try_get("over_reclaim_cap")?,
-        claimed_at: row.try_get("claimed_at")?,
-        priority: row.try_get("priority")?,
-        payload: row.try_get::<Value, _>("payload")?,
-    })
+    Ok(batch::claimed_job_from_row!(row))
 }
 
 fn job_record(row: &PgRow) -> Result<JobRecord, PgError> {
-    let id: i64 = row.try_get("id")?;
-    Ok(JobRecord {
-        id: JobId(id),
-        queue: row.try_get("queue")?,
-        status: parse_status(id, row.try_get("status")?)?,
-        payload: row.try_get("payload")?,
-        priority: row.try_get("priority")?,
-        attempts: row.try_get("attempts")?,
-        reclaims: row.try_get("reclaims")?,
-        next_attempt_at: row.try_get("next_attempt_at")?,
-        claimed_at: row.try_get("claimed_at")?,
-        claim_generation: ClaimGeneration(row.try_get("claim_generation")?),
-        last_error: row.try_get("last_error")?,
-        unique_key: row.try_get("unique_key")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
+    Ok(batch::job_record_from_row!(row))
 }
 
 impl Backend for PgQueue {

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Object, Pool};
 use queue_core::{
-    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
-    ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob,
-    QueueCounts, QueueName,
+    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, ClaimedJob, Enqueued,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
 };
 use tokio::sync::Notify;
 use tokio_postgres::Row;
@@ -21,7 +20,8 @@ use crate::error::PgError;
 use crate::ident::TableName;
 use crate::schema::{self, TableFacts};
 use crate::sql::{self, Statements};
-use crate::tp_listener::{self, ListenerGuard};
+use crate::tp_listener;
+use crate::wake::ListenerGuard;
 
 /// Outcomes of a batched finalize are written in chunks of this size, pipelined on one
 /// connection: the server works on one chunk while the next is on the wire.
@@ -390,38 +390,11 @@ impl TpQueue {
 }
 
 fn claimed_job(row: &Row) -> Result<ClaimedJob, tokio_postgres::Error> {
-    Ok(ClaimedJob {
-        id: JobId(row.try_get("id")?),
-        generation: ClaimGeneration(row.try_get("claim_generation")?),
-        attempts: row.try_get("attempts")?,
-        reclaims: row.try_get("reclaims")?,
-        taken_over: row.try_get("taken_over")?,
-        over_reclaim_cap: row.try_get("over_reclaim_cap")?,
-        claimed_at: row.try_get("claimed_at")?,
-        priority: row.try_get("priority")?,
-        payload: row.try_get("payload")?,
-    })
+    Ok(batch::claimed_job_from_row!(row))
 }
 
 fn job_record(row: &Row) -> Result<JobRecord, PgError> {
-    let id: i64 = row.try_get("id")?;
-    Ok(JobRecord {
-        id: JobId(id),
-        queue: row.try_get("queue")?,
-        status: parse_status(id, row.try_get("status")?)?,
-        payload: row.try_get("payload")?,
-        priority: row.try_get("priority")?,
-        attempts: row.try_get("attempts")?,
-        reclaims: row.try_get("reclaims")?,
-        next_attempt_at: row.try_get("next_attempt_at")?,
-        claimed_at: row.try_get("claimed_at")?,
-        claim_generation: ClaimGeneration(row.try_get("claim_generation")?),
-        last_error: row.try_get("last_error")?,
-        unique_key: row.try_get("unique_key")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
+    Ok(batch::job_record_from_row!(row))
 }
 
 impl Backend for TpQueue {

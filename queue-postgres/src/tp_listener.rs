@@ -1,26 +1,17 @@
 //! The `LISTEN` side of wake-ups for the tokio-postgres driver: a dedicated connection (outside
-//! the pool, so its notifications can be read), re-established when lost; polling covers the gap.
+//! the pool, so its notifications can be read), re-established when lost
+//! ([`crate::wake::supervise`]); polling covers the gap.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use queue_core::CancellationToken;
 use tokio::sync::{Notify, mpsc};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::LISTENER_APPLICATION_NAME;
+use crate::wake::{self, ListenerGuard};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Stops the listener task when the last queue handle is dropped.
-#[derive(Debug)]
-pub(crate) struct ListenerGuard(CancellationToken);
-
-impl Drop for ListenerGuard {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
 
 /// Starts listening on `channel` for notifications whose payload is `queue`; each one fires
 /// `wake`, and so does a lost connection (its notifications are gone: poll once).
@@ -32,48 +23,33 @@ pub(crate) fn spawn(
 ) -> ListenerGuard {
     pg_config.application_name(LISTENER_APPLICATION_NAME);
     let stop = CancellationToken::new();
-    tokio::spawn(run(pg_config, channel, queue, wake, stop.clone()));
+    let supervised = wake::supervise(channel.clone(), wake.clone(), stop.clone(), move || {
+        session(
+            pg_config.clone(),
+            channel.clone(),
+            queue.clone(),
+            wake.clone(),
+        )
+    });
+    tokio::spawn(supervised);
     ListenerGuard(stop)
 }
 
-async fn run(
+/// One listening session: whether it got as far as listening, and the error that ended it.
+async fn session(
     pg_config: tokio_postgres::Config,
     channel: String,
     queue: String,
     wake: Arc<Notify>,
-    stop: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(100);
-    while !stop.is_cancelled() {
-        let mut connected = false;
-        let err = tokio::select! {
-            _ = stop.cancelled() => break,
-            result = session(&pg_config, &channel, &queue, &wake, &mut connected) => match result {
-                Ok(never) => match never {},
-                Err(err) => err,
-            },
-        };
-        if connected {
-            backoff = Duration::from_millis(100);
-        }
-        tracing::warn!(
-            name: "queue.listener_lost",
-            channel = %channel,
-            error = %err,
-            retry_in_ms = backoff.as_millis() as u64,
-            "queue.listener_lost: workers poll until it is back"
-        );
-        wake.notify_waiters();
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+) -> (bool, BoxError) {
+    let mut connected = false;
+    match listen(&pg_config, &channel, &queue, &wake, &mut connected).await {
+        Ok(never) => match never {},
+        Err(err) => (connected, err),
     }
 }
 
-/// One listening session; returns only with the error that ended it.
-async fn session(
+async fn listen(
     pg_config: &tokio_postgres::Config,
     channel: &str,
     queue: &str,
@@ -107,9 +83,7 @@ async fn session(
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await?;
     *connected = true;
-    tracing::info!(name: "queue.listener_connected", channel = %channel, "queue.listener_connected");
-    // Anything enqueued while nobody listened was not announced: let the workers poll once.
-    wake.notify_waiters();
+    wake::listening(channel, wake);
     loop {
         match rx.recv().await {
             Some(Ok(note)) if note.payload() == queue => wake.notify_waiters(),
