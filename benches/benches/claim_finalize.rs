@@ -57,21 +57,7 @@ fn claim_batches(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, &batch| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = queue.clone();
-                async move {
-                    let mut spent = Duration::ZERO;
-                    for _ in 0..iters {
-                        let start = Instant::now();
-                        let jobs = queue.claim(req(batch)).await.unwrap().jobs;
-                        spent += start.elapsed();
-                        // Put them back so the backlog stays the same depth.
-                        let back: Vec<_> = jobs
-                            .iter()
-                            .map(|j| (j.claim(), Finalize::Release))
-                            .collect();
-                        queue.finalize_many(&back).await.unwrap();
-                    }
-                    spent
-                }
+                async move { claim_and_put_back(&queue, batch, iters, Timed::Claim).await }
             })
         });
     }
@@ -79,19 +65,40 @@ fn claim_batches(c: &mut Criterion) {
     rt.block_on(db.drop_db());
 }
 
-/// One claim of 1, timed; the job goes back (release) outside the timing so the depth stays.
-async fn claim_one_and_put_back(queue: &queue_postgres::PgQueue, iters: u64) -> Duration {
+/// Which half of a claim-and-put-back round a benchmark times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timed {
+    /// The claim.
+    Claim,
+    /// The batched fenced write that puts the jobs back.
+    Release,
+}
+
+/// `iters` rounds of: claim `batch` jobs, then release them all in one batched fenced write, so
+/// the backlog keeps its depth between samples. Returns the time spent in the timed half.
+async fn claim_and_put_back<B: Backend>(
+    queue: &B,
+    batch: u32,
+    iters: u64,
+    timed: Timed,
+) -> Duration {
     let mut spent = Duration::ZERO;
     for _ in 0..iters {
         let start = Instant::now();
-        let jobs = queue.claim(req(1)).await.unwrap().jobs;
-        spent += start.elapsed();
-        assert_eq!(jobs.len(), 1);
+        let jobs = queue.claim(req(batch)).await.unwrap().jobs;
+        if timed == Timed::Claim {
+            spent += start.elapsed();
+        }
+        assert!(!jobs.is_empty(), "the backlog ran dry");
         let back: Vec<_> = jobs
             .iter()
             .map(|j| (j.claim(), Finalize::Release))
             .collect();
+        let start = Instant::now();
         queue.finalize_many(&back).await.unwrap();
+        if timed == Timed::Release {
+            spent += start.elapsed();
+        }
     }
     spent
 }
@@ -116,7 +123,7 @@ fn claim_against_backlog(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("ours", label), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = queue.clone();
-                async move { claim_one_and_put_back(&queue, iters).await }
+                async move { claim_and_put_back(&queue, 1, iters, Timed::Claim).await }
             })
         });
         if seed_too {
@@ -151,28 +158,6 @@ fn claim_against_backlog(c: &mut Criterion) {
     group.finish();
 }
 
-/// Claims 100 (timed) and finalizes them batched (timed separately), putting them back.
-async fn claim_and_finalize_100<B: Backend>(queue: &B, iters: u64, time_claim: bool) -> Duration {
-    let mut spent = Duration::ZERO;
-    for _ in 0..iters {
-        let start = Instant::now();
-        let jobs = queue.claim(req(100)).await.unwrap().jobs;
-        if time_claim {
-            spent += start.elapsed();
-        }
-        let back: Vec<_> = jobs
-            .iter()
-            .map(|j| (j.claim(), Finalize::Release))
-            .collect();
-        let start = Instant::now();
-        queue.finalize_many(&back).await.unwrap();
-        if !time_claim {
-            spent += start.elapsed();
-        }
-    }
-    spent
-}
-
 /// The two drivers side by side on the same database: claim of 100, batched finalize of 100.
 fn drivers(c: &mut Criterion) {
     let rt = runtime();
@@ -195,17 +180,20 @@ fn drivers(c: &mut Criterion) {
         .sample_size(30)
         .measurement_time(Duration::from_secs(4));
     group.throughput(Throughput::Elements(100));
-    for (op, time_claim) in [("claim_100", true), ("finalize_100", false)] {
+    for (op, timed) in [
+        ("claim_100", Timed::Claim),
+        ("finalize_100", Timed::Release),
+    ] {
         group.bench_function(BenchmarkId::new(op, "sqlx"), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = sqlx_queue.clone();
-                async move { claim_and_finalize_100(&queue, iters, time_claim).await }
+                async move { claim_and_put_back(&queue, 100, iters, timed).await }
             })
         });
         group.bench_function(BenchmarkId::new(op, "tokio-postgres"), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let queue = tp_queue.clone();
-                async move { claim_and_finalize_100(&queue, iters, time_claim).await }
+                async move { claim_and_put_back(&queue, 100, iters, timed).await }
             })
         });
     }

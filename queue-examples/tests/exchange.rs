@@ -26,6 +26,17 @@ async fn exchange_db() -> (ScratchDb, PgExchange) {
     (db, store)
 }
 
+/// A local partner `acme` that accepts every POST after `latency`.
+async fn acme_server(latency: Duration) -> PartnerServer {
+    let accepting = Behavior::Flaky {
+        fail_rate: 0.0,
+        latency,
+    };
+    PartnerServer::start(HashMap::from([("acme".to_owned(), accepting)]))
+        .await
+        .expect("start the partner server")
+}
+
 fn quick(config: ExchangeConfig) -> ExchangeConfig {
     ExchangeConfig {
         retry_base: Duration::from_millis(10),
@@ -255,15 +266,7 @@ async fn a_poison_send_job_is_buried_and_its_transaction_fails_with_an_event() {
         assert_eq!(jobs.len(), 1);
         queue_postgres::testing::age_rows(&db.pool, &table, Lease::DEFAULT.duration() * 2).await;
     }
-    let server = PartnerServer::start(HashMap::from([(
-        "acme".to_owned(),
-        Behavior::Flaky {
-            fail_rate: 0.0,
-            latency: Duration::ZERO,
-        },
-    )]))
-    .await
-    .unwrap();
+    let server = acme_server(Duration::ZERO).await;
     let partners =
         Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
     let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
@@ -293,15 +296,7 @@ async fn a_poison_send_job_is_buried_and_its_transaction_fails_with_an_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_early_terminal_arms_stamp_failed_and_stage_the_event_without_sending() {
     let (db, store) = exchange_db().await;
-    let server = PartnerServer::start(HashMap::from([(
-        "acme".to_owned(),
-        Behavior::Flaky {
-            fail_rate: 0.0,
-            latency: Duration::ZERO,
-        },
-    )]))
-    .await
-    .unwrap();
+    let server = acme_server(Duration::ZERO).await;
     let partners = Partners::new()
         .with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap())
         .with_unresolvable("umbrella", "endpoint withdrawn");
@@ -413,15 +408,7 @@ async fn partner_timeouts_and_5xx_retry_then_end_terminal_at_max_attempts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_a_failed_transaction_sends_it_under_a_new_key_without_conflicting_events() {
     let (db, store) = exchange_db().await;
-    let server = PartnerServer::start(HashMap::from([(
-        "acme".to_owned(),
-        Behavior::Flaky {
-            fail_rate: 0.0,
-            latency: Duration::ZERO,
-        },
-    )]))
-    .await
-    .unwrap();
+    let server = acme_server(Duration::ZERO).await;
     // First the partner is unknown to the worker: the transaction fails terminally.
     let id = store
         .create_transactions(&[("acme".into(), 9)])
@@ -499,15 +486,7 @@ async fn the_legacy_upgrade_heals_in_flight_legacy_rows() {
         "'sent' maps to the framework's 'completed'"
     );
 
-    let server = PartnerServer::start(HashMap::from([(
-        "acme".to_owned(),
-        Behavior::Flaky {
-            fail_rate: 0.0,
-            latency: Duration::ZERO,
-        },
-    )]))
-    .await
-    .unwrap();
+    let server = acme_server(Duration::ZERO).await;
     let partners =
         Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
     let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
@@ -613,15 +592,7 @@ async fn a_stale_sender_stamps_nothing_and_stages_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_binary_sends_and_drains_on_sigterm() {
     let (db, store) = exchange_db().await;
-    let server = PartnerServer::start(HashMap::from([(
-        "acme".to_owned(),
-        Behavior::Flaky {
-            fail_rate: 0.0,
-            latency: Duration::from_millis(5),
-        },
-    )]))
-    .await
-    .unwrap();
+    let server = acme_server(Duration::from_millis(5)).await;
     store
         .create_transactions(&(0..50).map(|i| ("acme".to_owned(), i)).collect::<Vec<_>>())
         .await

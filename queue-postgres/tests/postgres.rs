@@ -163,24 +163,21 @@ async fn a_connection_killed_during_finalize_loses_nothing<D: Driver>() {
     db.drop_db().await;
 }
 
-/// The seed's table before the lease: status + attempts + next_attempt_at, the stuck-job index
-/// that the boot-time sweep used, no claim stamp. (A fixture standing for an adopter's existing
-/// table, not a copy of the framework's schema.)
+/// An adopter's own queue table before the lease, in the pre-lease pattern the seed describes:
+/// status + attempts + `next_attempt_at`, a stuck-job index for a boot-time sweep, no claim stamp,
+/// and a domain column of its own. A made-up fixture for the generic upgrade; the exchange's
+/// real legacy table is upgraded through its real migrations in queue-examples' tests.
 const PRE_LEASE_TABLE: &str = r#"
-CREATE TABLE exchange_send_jobs (
+CREATE TABLE invoice_jobs (
     id              bigserial PRIMARY KEY,
-    transaction_id  bigint      NOT NULL,
+    invoice_id      bigint      NOT NULL,
     status          text        NOT NULL DEFAULT 'pending',
     attempts        integer     NOT NULL DEFAULT 0,
-    next_attempt_at timestamptz NOT NULL DEFAULT now(),
-    last_error      text,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now()
+    next_attempt_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX idx_exchange_send_jobs_stuck_in_flight
-    ON exchange_send_jobs (next_attempt_at) WHERE status = 'in_flight';
--- What the old claim left behind: two sends in flight with no claim stamp, one pending.
-INSERT INTO exchange_send_jobs (transaction_id, status, attempts, next_attempt_at) VALUES
+CREATE INDEX invoice_jobs_stuck ON invoice_jobs (next_attempt_at) WHERE status = 'in_flight';
+-- What the old claim left behind: two jobs in flight with no claim stamp, one pending.
+INSERT INTO invoice_jobs (invoice_id, status, attempts, next_attempt_at) VALUES
     (1, 'in_flight', 1, now() - interval '2 hours'),
     (2, 'in_flight', 3, now() - interval '1 hour'),
     (3, 'pending',   0, now() - interval '5 minutes');
@@ -192,8 +189,8 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         .execute(&db.pool)
         .await
         .unwrap();
-    let table = TableName::new("exchange_send_jobs").unwrap();
-    let queue_name = QueueName::new("exchange.send").unwrap();
+    let table = TableName::new("invoice_jobs").unwrap();
+    let queue_name = QueueName::new("invoices").unwrap();
     let config = PgQueueConfig::new(table.clone(), queue_name.clone());
 
     let err = D::connect(&db, config.clone()).await.unwrap_err();
@@ -202,7 +199,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     for named in [
         "column claimed_at",
         "column claim_generation",
-        "index exchange_send_jobs_lease_idx",
+        "index invoice_jobs_lease_idx",
     ] {
         assert!(
             text.contains(named),
@@ -210,16 +207,11 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         );
     }
 
-    D::upgrade_legacy(
-        &db,
-        &table,
-        &queue_name,
-        Some("idx_exchange_send_jobs_stuck_in_flight"),
-    )
-    .await
-    .unwrap();
+    D::upgrade_legacy(&db, &table, &queue_name, Some("invoice_jobs_stuck"))
+        .await
+        .unwrap();
     let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'exchange_send_jobs'",
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'invoice_jobs'",
     )
     .fetch_all(&db.pool)
     .await
@@ -228,9 +220,9 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         !indexes.iter().any(|i| i.contains("stuck")),
         "the old stuck index survived: {indexes:?}"
     );
-    assert!(indexes.contains(&"exchange_send_jobs_lease_idx".to_owned()));
+    assert!(indexes.contains(&"invoice_jobs_lease_idx".to_owned()));
     let unstamped: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM exchange_send_jobs WHERE status = 'in_flight' AND claimed_at IS NULL",
+        "SELECT count(*) FROM invoice_jobs WHERE status = 'in_flight' AND claimed_at IS NULL",
     )
     .fetch_one(&db.pool)
     .await
