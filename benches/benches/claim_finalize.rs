@@ -169,7 +169,7 @@ fn drivers(c: &mut Criterion) {
         ..queue_postgres::PgQueueConfig::default()
     };
     let tp_queue = rt
-        .block_on(queue_postgres::TpQueue::connect(
+        .block_on(queue_postgres::TokioPostgresQueue::connect(
             db.tokio_postgres_pool(4),
             config,
             db.tokio_postgres_config(),

@@ -66,7 +66,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Claims up to `request.batch_size` jobs (see the trait docs for the semantics). A takeover
     /// of a job whose lease had already expired `request.max_reclaims` times comes back flagged
     /// [`ClaimedJob::over_reclaim_cap`](crate::ClaimedJob::over_reclaim_cap): do not run it, end
-    /// it with [`Finalize::Bury`].
+    /// it with [`Finalize::Dead`].
     fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<ClaimBatch>> + Send;
 
     /// Applies `action` to the claimed job inside `tx`, fenced on `(id, in_flight, generation)`.

@@ -1,15 +1,19 @@
 //! The structured `tracing` events the framework emits, each under a stable name.
 //!
-//! Names are part of the public contract (dashboards and alerts key on them); payloads are never
+//! Names are part of the public contract (dashboards and alerts key on them): every event is
+//! emitted through the constant of its name, by one function of this module. Payloads are never
 //! logged. See `docs/operations.md` for what each means and which to alert on.
 
-use crate::types::{Claim, Finalize, JobId, QueueName};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobId, QueueName};
 
 /// A lease holder's write was refused by the generation fence (warn).
 pub const STALE_FINALIZE_FENCED: &str = "queue.stale_finalize_fenced";
 /// A heartbeat found the lease already lost; the handler's cancellation token fired (warn).
 pub const LEASE_LOST: &str = "queue.lease_lost";
-/// A job was buried (`dead`): its lease expired past the reclaim cap (error).
+/// A job went to `dead`: its lease expired past the reclaim cap (error).
 pub const JOB_DEAD: &str = "queue.job_dead";
 /// A claim took a job over from an expired lease (info).
 pub const JOB_RECLAIMED: &str = "queue.job_reclaimed";
@@ -26,7 +30,8 @@ pub const FINALIZE_RETRY: &str = "queue.finalize_retry";
 pub const FINALIZE_FAILED: &str = "queue.finalize_failed";
 /// A claim failed; the worker polls again later (warn).
 pub const CLAIM_FAILED: &str = "queue.claim_failed";
-/// A claimed job was released unstarted: at shutdown, or because too little lease was left (info).
+/// A claimed job was released unstarted: at shutdown, or because too little lease was left, or
+/// aborted at the shutdown deadline (info).
 pub const CLAIM_RELEASED: &str = "queue.claim_released";
 /// A handler panicked; treated as a retryable handler error (error).
 pub const HANDLER_PANICKED: &str = "queue.handler_panicked";
@@ -41,23 +46,172 @@ pub const LISTENER_LOST: &str = "queue.listener_lost";
 /// Graceful shutdown finished (info).
 pub const WORKER_STOPPED: &str = "queue.worker_stopped";
 
-pub(crate) fn stale_finalize_fenced(queue: &QueueName, claim: Claim, action: &Finalize) {
+/// The event of a finalize's outcome: the fence refused it, or it applied an outcome an
+/// operator may want to see (a retry, a failure, a dead job). Completions and releases are too
+/// frequent to log one by one; the worker's counters carry them.
+pub(crate) fn finalized(
+    queue: &QueueName,
+    claim: Claim,
+    action: &Finalize,
+    outcome: FinalizeOutcome,
+) {
+    if outcome == FinalizeOutcome::Stale {
+        tracing::warn!(
+            name: STALE_FINALIZE_FENCED,
+            queue = %queue,
+            job_id = claim.id.0,
+            generation = claim.generation.0,
+            action = action.kind(),
+            "{STALE_FINALIZE_FENCED}: the job is no longer held under this generation; nothing written"
+        );
+        return;
+    }
+    match action {
+        Finalize::Retry { error, .. } => tracing::info!(
+            name: JOB_RETRY_SCHEDULED,
+            queue = %queue,
+            job_id = claim.id.0,
+            error = %error,
+            "{JOB_RETRY_SCHEDULED}"
+        ),
+        Finalize::Fail { error } => tracing::warn!(
+            name: JOB_FAILED,
+            queue = %queue,
+            job_id = claim.id.0,
+            error = %error,
+            "{JOB_FAILED}"
+        ),
+        Finalize::Dead { .. } => tracing::error!(
+            name: JOB_DEAD,
+            queue = %queue,
+            job_id = claim.id.0,
+            "{JOB_DEAD}: lease expired past the reclaim cap; the job is dead"
+        ),
+        Finalize::Complete | Finalize::Release | Finalize::Cancel { .. } => {}
+    }
+}
+
+pub(crate) fn lease_lost(queue: &QueueName, claim: Claim) {
     tracing::warn!(
-        name: "queue.stale_finalize_fenced",
+        name: LEASE_LOST,
         queue = %queue,
         job_id = claim.id.0,
         generation = claim.generation.0,
-        action = action.kind(),
-        "queue.stale_finalize_fenced: the job is no longer held under this generation; nothing written"
+        "{LEASE_LOST}: another worker holds the job now; cancelling the handler"
     );
 }
 
-pub(crate) fn job_dead(queue: &QueueName, id: JobId) {
+pub(crate) fn job_reclaimed(queue: &QueueName, job: &ClaimedJob) {
+    tracing::info!(
+        name: JOB_RECLAIMED,
+        queue = %queue,
+        job_id = job.id.0,
+        generation = job.generation.0,
+        reclaims = job.reclaims,
+        "{JOB_RECLAIMED}"
+    );
+}
+
+/// `error` is serde's message; it names the mismatch and where it is.
+pub(crate) fn payload_malformed(queue: &QueueName, id: JobId, error: &serde_json::Error) {
     tracing::error!(
-        name: "queue.job_dead",
+        name: PAYLOAD_MALFORMED,
         queue = %queue,
         job_id = id.0,
-        "queue.job_dead: lease expired past the reclaim cap; the job was buried as dead"
+        error = %error,
+        "{PAYLOAD_MALFORMED}: failing the job terminally; its payload stays in the row"
+    );
+}
+
+/// A finalize of `jobs` outcomes failed and is tried again after `retry_in`.
+pub(crate) fn finalize_retry(queue: &QueueName, jobs: usize, error: &Error, retry_in: Duration) {
+    tracing::warn!(
+        name: FINALIZE_RETRY,
+        queue = %queue,
+        jobs,
+        error = %error,
+        retry_in_ms = retry_in.as_millis() as u64,
+        "{FINALIZE_RETRY}"
+    );
+}
+
+/// A finalize failed for good; `claim` names the job when it was one.
+pub(crate) fn finalize_failed(
+    queue: &QueueName,
+    claim: Option<Claim>,
+    jobs: usize,
+    error: &dyn std::fmt::Display,
+) {
+    tracing::error!(
+        name: FINALIZE_FAILED,
+        queue = %queue,
+        job_id = claim.map(|c| c.id.0),
+        generation = claim.map(|c| c.generation.0),
+        jobs,
+        error = %error,
+        "{FINALIZE_FAILED}: the job stays in flight until its lease lapses"
+    );
+}
+
+pub(crate) fn claim_failed(queue: &QueueName, error: &Error) {
+    tracing::warn!(
+        name: CLAIM_FAILED,
+        queue = %queue,
+        error = %error,
+        transient = error.is_transient(),
+        "{CLAIM_FAILED}"
+    );
+}
+
+pub(crate) fn claim_released(queue: &QueueName, claim: Claim, reason: &str) {
+    tracing::info!(
+        name: CLAIM_RELEASED,
+        queue = %queue,
+        job_id = claim.id.0,
+        generation = claim.generation.0,
+        reason,
+        "{CLAIM_RELEASED}"
+    );
+}
+
+pub(crate) fn handler_panicked(queue: &QueueName, id: JobId, message: &str) {
+    tracing::error!(
+        name: HANDLER_PANICKED,
+        queue = %queue,
+        job_id = id.0,
+        error = message,
+        "{HANDLER_PANICKED}"
+    );
+}
+
+pub(crate) fn handler_timed_out(queue: &QueueName, id: JobId, timeout: Duration) {
+    tracing::warn!(
+        name: HANDLER_TIMED_OUT,
+        queue = %queue,
+        job_id = id.0,
+        timeout_ms = timeout.as_millis() as u64,
+        "{HANDLER_TIMED_OUT}"
+    );
+}
+
+pub(crate) fn heartbeat_failed(queue: &QueueName, claim: Claim, error: &Error) {
+    tracing::warn!(
+        name: HEARTBEAT_FAILED,
+        queue = %queue,
+        job_id = claim.id.0,
+        error = %error,
+        "{HEARTBEAT_FAILED}: tried again at the next tick"
+    );
+}
+
+pub(crate) fn worker_stopped(queue: &QueueName, released: u64, finished: u64, aborted: u64) {
+    tracing::info!(
+        name: WORKER_STOPPED,
+        queue = %queue,
+        released_unstarted = released,
+        finished_in_time = finished,
+        aborted,
+        "{WORKER_STOPPED}"
     );
 }
 

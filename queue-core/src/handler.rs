@@ -16,7 +16,7 @@ use crate::types::{Claim, ClaimGeneration, ClaimedJob, JobId, QueueName};
 /// Return `Ok(())` when the job is done, or a [`JobError`] that says what should happen next:
 /// retry under the [`crate::RetryPolicy`], retry after a given delay, fail terminally or cancel.
 /// Any `std::error::Error` converts into a retryable `JobError` with `?`; use
-/// [`ResultExt::fatal`] for errors that retrying cannot fix.
+/// [`ResultExt::fail`] for errors that retrying cannot fix.
 ///
 /// ```
 /// use queue_core::{Handler, JobContext, JobError, ResultExt};
@@ -31,10 +31,10 @@ use crate::types::{Claim, ClaimGeneration, ClaimedJob, JobId, QueueName};
 ///     type Payload = Resize;
 ///     async fn handle(&self, ctx: JobContext, job: Resize) -> Result<(), JobError> {
 ///         if job.width == 0 {
-///             return Err(JobError::fatal("width 0 can never succeed"));
+///             return Err(JobError::fail("width 0 can never succeed"));
 ///         }
-///         let parsed: u32 = "640".parse().fatal()?; // a parse error is not worth a retry
-///         std::fs::metadata("/").retryable()?;      // an I/O error may pass
+///         let parsed: u32 = "640".parse().fail()?; // a parse error is not worth a retry
+///         std::fs::metadata("/").retry()?;      // an I/O error may pass
 ///         if ctx.cancellation().is_cancelled() {
 ///             return Err(JobError::retry("lease lost, stopping early"));
 ///         }
@@ -47,7 +47,7 @@ pub trait Handler: Send + Sync + 'static {
     /// The job's arguments, deserialised from the stored JSON payload. A payload that does not
     /// fit fails the job terminally with the event `queue.payload_malformed`; the row keeps the
     /// payload for inspection.
-    type Payload: DeserializeOwned + Send + 'static;
+    type Payload: DeserializeOwned + Send + Sync + 'static;
 
     /// Runs one job.
     fn handle(
@@ -165,8 +165,8 @@ pub enum ErrorAction {
     Retry,
     /// Retry after this delay (still bounded by max attempts).
     RetryAfter(Duration),
-    /// Fail terminally now.
-    Fatal,
+    /// Fail terminally now (the job ends `failed`).
+    Fail,
     /// Cancel the job: it must not run again, and it did not fail.
     Cancel,
     /// Give the job back untouched (it did not run): `pending` at its place in line, the
@@ -199,9 +199,9 @@ impl JobError {
         JobError::new(ErrorAction::RetryAfter(delay), source)
     }
 
-    /// A failure no retry can fix.
-    pub fn fatal(source: impl Into<BoxError>) -> Self {
-        JobError::new(ErrorAction::Fatal, source)
+    /// A failure no retry can fix: the job ends `failed`.
+    pub fn fail(source: impl Into<BoxError>) -> Self {
+        JobError::new(ErrorAction::Fail, source)
     }
 
     /// The job should not run again (it became moot).
@@ -256,15 +256,15 @@ where
 /// Marks the intent of an error at the point where it happens.
 pub trait ResultExt<T> {
     /// The error is worth retrying under the retry policy.
-    fn retryable(self) -> Result<T, JobError>;
+    fn retry(self) -> Result<T, JobError>;
     /// The error is worth retrying after `delay`.
     fn retry_after(self, delay: Duration) -> Result<T, JobError>;
-    /// The error cannot be fixed by retrying: fail terminally.
-    fn fatal(self) -> Result<T, JobError>;
+    /// The error cannot be fixed by retrying: the job ends `failed`.
+    fn fail(self) -> Result<T, JobError>;
 }
 
 impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
-    fn retryable(self) -> Result<T, JobError> {
+    fn retry(self) -> Result<T, JobError> {
         self.map_err(JobError::retry)
     }
 
@@ -272,8 +272,8 @@ impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
         self.map_err(|e| JobError::retry_after(delay, e))
     }
 
-    fn fatal(self) -> Result<T, JobError> {
-        self.map_err(JobError::fatal)
+    fn fail(self) -> Result<T, JobError> {
+        self.map_err(JobError::fail)
     }
 }
 
@@ -288,8 +288,8 @@ mod tests {
     #[test]
     fn question_mark_defaults_to_retry_and_helpers_set_intent() {
         assert_eq!(parse("x").unwrap_err().action(), ErrorAction::Retry);
-        let fatal: Result<u32, JobError> = "x".parse::<u32>().fatal();
-        assert_eq!(fatal.unwrap_err().action(), ErrorAction::Fatal);
+        let failed: Result<u32, JobError> = "x".parse::<u32>().fail();
+        assert_eq!(failed.unwrap_err().action(), ErrorAction::Fail);
         let later: Result<(), JobError> = Err::<(), _>("busy").retry_after(Duration::from_secs(3));
         let err = later.unwrap_err();
         assert_eq!(

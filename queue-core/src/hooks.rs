@@ -1,95 +1,148 @@
 //! Finalize hooks: side effects that commit with a job's fenced write, and only after it applied.
 //!
-//! The seed incident's second defect was a side effect (an outbox event, a domain status) written
-//! by a worker that no longer owned the job. Hooks close it structurally: [`finalize_with_hooks`]
+//! A side effect (an outbox event, a domain status) written by a worker that no longer owns the
+//! job is how a queue double-reports. Hooks close that structurally: [`finalize_with_hooks`]
 //! runs the fenced write first and hands the open transaction to the hooks only when the write
 //! reported [`FinalizeOutcome::Applied`]. On `Stale` the transaction is rolled back and no hook
 //! runs; if any hook fails, the fenced write rolls back with it.
+//!
+//! A hook is bound to what it needs: the backend's transaction type `Tx` (so one hook written
+//! against a transaction type serves every backend that uses it) and the job's payload type `P`
+//! (it receives the payload already parsed, or [`Payload::Malformed`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use async_trait::async_trait;
+use serde::de::DeserializeOwned;
 
 use crate::backend::{Backend, BackendTx};
 use crate::error::{BoxError, Error, Result};
 use crate::events;
 use crate::types::{ClaimedJob, Finalize, FinalizeOutcome};
 
+/// A job's payload as a hook sees it.
+#[derive(Debug)]
+pub enum Payload<'a, P> {
+    /// The stored payload, parsed into the handler's type.
+    Parsed(&'a P),
+    /// The stored payload does not parse into the handler's type (the job is being failed as
+    /// malformed, or buried without having run). The raw JSON is still in
+    /// [`FinalizeEvent::job`].
+    Malformed,
+}
+
+impl<'a, P> Payload<'a, P> {
+    /// The parsed payload, if it parsed.
+    pub fn parsed(&self) -> Option<&'a P> {
+        match self {
+            Payload::Parsed(payload) => Some(payload),
+            Payload::Malformed => None,
+        }
+    }
+}
+
+impl<P> Clone for Payload<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P> Copy for Payload<'_, P> {}
+
 /// What a hook is told about the write that just applied.
-#[derive(Debug, Clone, Copy)]
-pub struct FinalizeEvent<'a> {
-    /// The job as it was claimed (payload included).
+#[derive(Debug)]
+pub struct FinalizeEvent<'a, P> {
+    /// The job as it was claimed (id, generation, attempts, raw payload).
     pub job: &'a ClaimedJob,
+    /// The payload, parsed into the handler's type.
+    pub payload: Payload<'a, P>,
     /// The write that applied.
     pub action: &'a Finalize,
 }
 
-/// A side effect that must commit atomically with a job's outcome: a domain guard, an outbox
-/// stager, an audit row.
+/// A side effect that must commit atomically with a job's outcome: a domain status, an outbox
+/// row, an audit row.
 ///
 /// It runs inside the finalize transaction, after the fenced write applied, never on `Stale`.
-/// Returning an error rolls back the whole finalize (the job stays in flight under its claim, and
-/// the worker retries the finalize or, failing that, the lease lapses).
+/// Returning an error rolls back the whole finalize (the job stays in flight under its claim,
+/// and the worker tries the finalize again or, failing that, the lease lapses).
 ///
 /// A hook that stages writes must make them through `tx` (for the in-memory backend, through
 /// [`crate::MemoryTx`]); a write on another connection would not roll back with the job.
 ///
 /// ```
-/// use async_trait::async_trait;
-/// use queue_core::{BoxError, FinalizeEvent, FinalizeHook, Finalize, MemoryBackend, MemoryTx};
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use queue_core::{BoxError, FinalizeEvent, FinalizeHook, Finalize, MemoryTx};
 ///
 /// /// Counts completions, committed only with the job's own write.
-/// struct CountCompleted(std::sync::Arc<std::sync::atomic::AtomicU64>);
+/// struct CountCompleted(Arc<AtomicU64>);
 ///
-/// #[async_trait]
-/// impl FinalizeHook<MemoryBackend> for CountCompleted {
-///     async fn after_applied(&self, tx: &mut MemoryTx, event: &FinalizeEvent<'_>) -> Result<(), BoxError> {
+/// impl FinalizeHook<MemoryTx, serde_json::Value> for CountCompleted {
+///     async fn after_applied(
+///         &self,
+///         tx: &mut MemoryTx,
+///         event: &FinalizeEvent<'_, serde_json::Value>,
+///     ) -> Result<(), BoxError> {
 ///         if matches!(event.action, Finalize::Complete) {
 ///             let counter = self.0.clone();
-///             tx.on_commit(move || { counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst); });
+///             tx.on_commit(move || { counter.fetch_add(1, Ordering::SeqCst); });
 ///         }
 ///         Ok(())
 ///     }
 /// }
 /// ```
-#[async_trait]
-pub trait FinalizeHook<B: Backend>: Send + Sync + 'static {
+pub trait FinalizeHook<Tx, P>: Send + Sync + 'static {
     /// A name for logs and errors; the type name by default.
     fn name(&self) -> &str {
         std::any::type_name::<Self>()
     }
 
     /// Runs inside the finalize transaction after the fenced write applied.
-    async fn after_applied(
+    fn after_applied(
         &self,
-        tx: &mut B::Tx,
-        event: &FinalizeEvent<'_>,
-    ) -> Result<(), BoxError>;
+        tx: &mut Tx,
+        event: &FinalizeEvent<'_, P>,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'a>>;
+
+/// [`FinalizeHook`] with its future boxed, so that hooks of different types share one list.
+trait DynHook<Tx, P>: Send + Sync {
+    fn name(&self) -> &str;
+    fn run<'a>(&'a self, tx: &'a mut Tx, event: &'a FinalizeEvent<'a, P>) -> HookFuture<'a>;
+}
+
+impl<Tx, P, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
+    fn name(&self) -> &str {
+        FinalizeHook::name(self)
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx, event: &'a FinalizeEvent<'a, P>) -> HookFuture<'a> {
+        Box::pin(self.after_applied(tx, event))
+    }
 }
 
 /// An ordered list of hooks; they run in the order added and the first error stops the rest.
-pub struct Hooks<B: Backend> {
-    hooks: Vec<Arc<dyn FinalizeHook<B>>>,
+pub struct Hooks<Tx, P> {
+    hooks: Vec<Arc<dyn DynHook<Tx, P>>>,
 }
 
-impl<B: Backend> Hooks<B> {
+impl<Tx, P> Hooks<Tx, P> {
     /// No hooks.
     pub fn new() -> Self {
         Hooks { hooks: Vec::new() }
     }
 
     /// Adds a hook after the existing ones.
-    pub fn push(&mut self, hook: impl FinalizeHook<B>) {
+    pub fn push(&mut self, hook: impl FinalizeHook<Tx, P>) {
         self.hooks.push(Arc::new(hook));
     }
 
-    /// Adds a shared hook after the existing ones.
-    pub fn push_arc(&mut self, hook: Arc<dyn FinalizeHook<B>>) {
-        self.hooks.push(hook);
-    }
-
     /// Adds a hook, builder style.
-    pub fn with(mut self, hook: impl FinalizeHook<B>) -> Self {
+    pub fn with(mut self, hook: impl FinalizeHook<Tx, P>) -> Self {
         self.push(hook);
         self
     }
@@ -105,26 +158,24 @@ impl<B: Backend> Hooks<B> {
     }
 
     /// Runs every hook in order inside `tx`.
-    pub async fn run(&self, tx: &mut B::Tx, event: &FinalizeEvent<'_>) -> Result<()> {
+    pub async fn run(&self, tx: &mut Tx, event: &FinalizeEvent<'_, P>) -> Result<()> {
         for hook in &self.hooks {
-            hook.after_applied(tx, event)
-                .await
-                .map_err(|source| Error::Hook {
-                    hook: hook.name().to_owned(),
-                    source,
-                })?;
+            hook.run(tx, event).await.map_err(|source| Error::Hook {
+                hook: hook.name().to_owned(),
+                source,
+            })?;
         }
         Ok(())
     }
 }
 
-impl<B: Backend> Default for Hooks<B> {
+impl<Tx, P> Default for Hooks<Tx, P> {
     fn default() -> Self {
         Hooks::new()
     }
 }
 
-impl<B: Backend> Clone for Hooks<B> {
+impl<Tx, P> Clone for Hooks<Tx, P> {
     fn clone(&self) -> Self {
         Hooks {
             hooks: self.hooks.clone(),
@@ -132,7 +183,7 @@ impl<B: Backend> Clone for Hooks<B> {
     }
 }
 
-impl<B: Backend> std::fmt::Debug for Hooks<B> {
+impl<Tx, P> std::fmt::Debug for Hooks<Tx, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
             .entries(self.hooks.iter().map(|h| h.name()))
@@ -141,25 +192,53 @@ impl<B: Backend> std::fmt::Debug for Hooks<B> {
 }
 
 /// The fenced finalize: one transaction holding the fenced write and then, only if it applied,
-/// every hook.
+/// every hook; the outcome's event is emitted (see [`crate::events`]).
 ///
 /// * `Applied`: hooks ran and everything committed.
 /// * `Stale`: rolled back, no hook ran, the event `queue.stale_finalize_fenced` was emitted.
 /// * `Err`: nothing committed (a hook failed, or the backend did).
-pub async fn finalize_with_hooks<B: Backend>(
+pub async fn finalize_with_hooks<B, P>(
     backend: &B,
-    hooks: &Hooks<B>,
+    hooks: &Hooks<B::Tx, P>,
     job: &ClaimedJob,
     action: &Finalize,
-) -> Result<FinalizeOutcome> {
+) -> Result<FinalizeOutcome>
+where
+    B: Backend,
+    P: DeserializeOwned + Sync,
+{
+    let outcome = finalize_once(backend, hooks, job, action).await?;
+    events::finalized(backend.queue(), job.claim(), action, outcome);
+    Ok(outcome)
+}
+
+/// [`finalize_with_hooks`] without the event: the worker's finalizer emits its own. Without
+/// hooks, the write is the backend's single-statement [`Backend::finalize`].
+pub(crate) async fn finalize_once<B, P>(
+    backend: &B,
+    hooks: &Hooks<B::Tx, P>,
+    job: &ClaimedJob,
+    action: &Finalize,
+) -> Result<FinalizeOutcome>
+where
+    B: Backend,
+    P: DeserializeOwned + Sync,
+{
+    if hooks.is_empty() {
+        return backend.finalize(job.claim(), action).await;
+    }
     let mut tx = backend.begin().await?;
     let outcome = backend.finalize_in(&mut tx, job.claim(), action).await?;
     if outcome == FinalizeOutcome::Stale {
         tx.rollback().await?;
-        events::stale_finalize_fenced(backend.queue(), job.claim(), action);
         return Ok(FinalizeOutcome::Stale);
     }
-    let event = FinalizeEvent { job, action };
+    let parsed = P::deserialize(&job.payload).ok();
+    let event = FinalizeEvent {
+        job,
+        payload: parsed.as_ref().map_or(Payload::Malformed, Payload::Parsed),
+        action,
+    };
     if let Err(err) = hooks.run(&mut tx, &event).await {
         // The rollback's own failure is secondary: the hook error is what the caller must see.
         let _ = tx.rollback().await;

@@ -36,7 +36,7 @@
 //!
 //! ## The guarantees
 //! * **At-least-once.** A job whose worker dies is claimed again once its lease (default 90 s,
-//!   [`DEFAULT_LEASE`]) expires; recovery is part of every claim, so it never waits for a reboot.
+//!   [`Lease::DEFAULT`]) expires; recovery is part of every claim, so it never waits for a reboot.
 //! * **No conflicting outcomes.** Every write of a lease holder is a compare-and-set on
 //!   `(id, status = in_flight, claim_generation)` and reports [`FinalizeOutcome::Stale`] when
 //!   another claim superseded it. Finalize hooks (outbox events, domain status) run in the same
@@ -74,15 +74,15 @@ pub mod conformance;
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, Result};
 pub use handler::{ErrorAction, Handler, JobContext, JobError, ResultExt};
-pub use hooks::{FinalizeEvent, FinalizeHook, Hooks, finalize_with_hooks};
+pub use hooks::{FinalizeEvent, FinalizeHook, Hooks, Payload, finalize_with_hooks};
 pub use memory::{MemoryBackend, MemoryTx};
 pub use retry::RetryPolicy;
 pub use types::{
-    CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_LEASE,
+    CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob,
     DEFAULT_MAX_RECLAIMS, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, Lease,
     NewJob, QueueCounts, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
 };
-pub use worker::{ShutdownReport, Worker, WorkerConfig, WorkerHandle, WorkerStats};
+pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 
 /// Re-exported so adopters name the same versions the traits use.
 pub use async_trait::async_trait;

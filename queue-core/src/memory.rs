@@ -175,11 +175,11 @@ impl State {
         row.updated_at = now;
         match action {
             Finalize::Complete => {}
-            Finalize::FailTerminal { error } => row.last_error = Some(error.clone()),
-            Finalize::Cancel { reason } | Finalize::Bury { reason } => {
+            Finalize::Fail { error } => row.last_error = Some(error.clone()),
+            Finalize::Cancel { reason } | Finalize::Dead { reason } => {
                 row.last_error = Some(reason.clone())
             }
-            Finalize::RetryAt { at, error } => {
+            Finalize::Retry { at, error } => {
                 row.next_attempt_at = resolve(*at, now);
                 row.last_error = Some(error.clone());
             }
@@ -490,7 +490,7 @@ impl Backend for MemoryBackend {
         Ok(match previous {
             Some(previous) => {
                 tx.undo.push((claim.id.0, Some(previous)));
-                if matches!(action, Finalize::Release | Finalize::RetryAt { .. }) {
+                if matches!(action, Finalize::Release | Finalize::Retry { .. }) {
                     tx.wake = Some(self.store.wake.clone());
                 }
                 FinalizeOutcome::Applied

@@ -49,9 +49,10 @@ async fn a_stale_finalize_emits_the_fenced_event_with_its_fields() {
             .unwrap()
             .jobs
             .remove(0);
-        let outcome = finalize_with_hooks(&queue, &Hooks::new(), &old, &Finalize::Complete)
-            .await
-            .unwrap();
+        let outcome =
+            finalize_with_hooks(&queue, &Hooks::<_, Value>::new(), &old, &Finalize::Complete)
+                .await
+                .unwrap();
         assert_eq!(outcome, FinalizeOutcome::Stale);
     }
     .with_subscriber(captured.subscriber())
@@ -445,12 +446,11 @@ async fn a_prefetched_job_with_too_little_lease_left_is_released_not_started() {
 /// Fails its first `n` runs, then lets the finalize through.
 struct FlakyHook(Arc<AtomicU32>, u32);
 
-#[async_trait::async_trait]
-impl crate::FinalizeHook<MemoryBackend> for FlakyHook {
+impl crate::FinalizeHook<crate::MemoryTx, Value> for FlakyHook {
     async fn after_applied(
         &self,
         _tx: &mut crate::MemoryTx,
-        _event: &crate::FinalizeEvent<'_>,
+        _event: &crate::FinalizeEvent<'_, Value>,
     ) -> Result<(), crate::BoxError> {
         if self.0.fetch_add(1, Ordering::SeqCst) < self.1 {
             return Err("the outbox table is locked".into());

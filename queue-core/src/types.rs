@@ -45,17 +45,14 @@ impl fmt::Display for ClaimGeneration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Lease(Duration);
 
-/// The default lease: 90 seconds.
-///
-/// Three times the 30 s worst-case handler time that the first adopter (a partner HTTP send, every
-/// send capped at 30 s) has: two full timeouts plus margin for the finalize transaction and pool
-/// waits. A lease shorter than the handler's worst case lets a second worker claim a job that is
-/// still being worked on.
-pub const DEFAULT_LEASE: Lease = Lease(Duration::from_secs(90));
-
 impl Lease {
-    /// The default lease, [`DEFAULT_LEASE`] (90 s).
-    pub const DEFAULT: Lease = DEFAULT_LEASE;
+    /// The default lease: 90 seconds.
+    ///
+    /// Three times the 30 s worst-case handler time that the first adopter (a partner HTTP
+    /// send, every send capped at 30 s) has: two full timeouts plus margin for the finalize
+    /// transaction and pool waits. A lease shorter than the handler's worst case lets a second
+    /// worker claim a job that is still being worked on.
+    pub const DEFAULT: Lease = Lease(Duration::from_secs(90));
 
     /// A lease of `duration`; zero is refused (a zero lease would let every claim be stolen at
     /// once), as is anything longer than a day (almost certainly a unit mistake).
@@ -87,7 +84,7 @@ impl Lease {
 
 impl Default for Lease {
     fn default() -> Self {
-        DEFAULT_LEASE
+        Lease::DEFAULT
     }
 }
 
@@ -302,7 +299,7 @@ pub struct ClaimedJob {
     /// Whether this claim took the job over from an expired lease (a worker died or hung).
     pub taken_over: bool,
     /// Whether this takeover went past the claim's reclaim cap: a poison job that keeps killing
-    /// its worker. It must not run again: its holder ends it with [`Finalize::Bury`] (the worker
+    /// its worker. It must not run again: its holder ends it with [`Finalize::Dead`] (the worker
     /// runtime does), so that the move to `dead` is fenced and runs the finalize hooks.
     pub over_reclaim_cap: bool,
     /// When this claim was stamped, by the backend's clock.
@@ -337,12 +334,12 @@ pub enum Finalize {
     /// The job is done: `completed`.
     Complete,
     /// The job failed for good: `failed`, with the error kept in `last_error`.
-    FailTerminal {
+    Fail {
         /// Why; stored in `last_error`.
         error: String,
     },
     /// Try again later: back to `pending`, due at `at`, with the error kept in `last_error`.
-    RetryAt {
+    Retry {
         /// When the retry becomes due.
         at: RunAt,
         /// Why; stored in `last_error`.
@@ -358,7 +355,7 @@ pub enum Finalize {
     },
     /// The job went past the reclaim cap (see [`ClaimedJob::over_reclaim_cap`]): `dead`,
     /// terminal, never run again on its own.
-    Bury {
+    Dead {
         /// Why; stored in `last_error`.
         reason: String,
     },
@@ -369,23 +366,22 @@ impl Finalize {
     pub fn target_status(&self) -> JobStatus {
         match self {
             Finalize::Complete => JobStatus::Completed,
-            Finalize::FailTerminal { .. } => JobStatus::Failed,
-            Finalize::RetryAt { .. } | Finalize::Release => JobStatus::Pending,
+            Finalize::Fail { .. } => JobStatus::Failed,
+            Finalize::Retry { .. } | Finalize::Release => JobStatus::Pending,
             Finalize::Cancel { .. } => JobStatus::Cancelled,
-            Finalize::Bury { .. } => JobStatus::Dead,
+            Finalize::Dead { .. } => JobStatus::Dead,
         }
     }
 
-    /// A short stable name for logs and SQL: `complete`, `fail_terminal`, `retry`, `release`,
-    /// `cancel`, `bury`.
+    /// A short stable name for logs: `complete`, `fail`, `retry`, `release`, `cancel`, `dead`.
     pub fn kind(&self) -> &'static str {
         match self {
             Finalize::Complete => "complete",
-            Finalize::FailTerminal { .. } => "fail_terminal",
-            Finalize::RetryAt { .. } => "retry",
+            Finalize::Fail { .. } => "fail",
+            Finalize::Retry { .. } => "retry",
             Finalize::Release => "release",
             Finalize::Cancel { .. } => "cancel",
-            Finalize::Bury { .. } => "bury",
+            Finalize::Dead { .. } => "dead",
         }
     }
 }

@@ -58,7 +58,7 @@ impl Handler for Deliverer {
             .header("idempotency-key", hook.event_id.as_str())
             .header("x-delivery-attempt", ctx.attempts().to_string())
             .body(Full::new(Bytes::from(hook.body.to_string())))
-            .map_err(JobError::fatal)?;
+            .map_err(JobError::fail)?;
         let response = tokio::time::timeout(self.timeout, self.client.request(request))
             .await
             .map_err(|_| JobError::retry("receiver timed out"))??;
@@ -69,7 +69,7 @@ impl Handler for Deliverer {
             // The receiver says the subscription is gone: nothing to retry, nothing failed.
             410 => Err(JobError::cancel("receiver answered 410 Gone")),
             408 | 429 | 500..=599 => Err(JobError::retry(format!("receiver answered {status}"))),
-            _ => Err(JobError::fatal(format!("receiver answered {status}"))),
+            _ => Err(JobError::fail(format!("receiver answered {status}"))),
         }
     }
 }

@@ -46,6 +46,16 @@ pub enum PgError {
         key: String,
     },
 
+    /// A statement template kept a `{{token}}` that nothing filled in: a defect of the
+    /// framework's own SQL, refused before anything reached the server.
+    #[error("statement template {template} has an unfilled token {token}")]
+    Template {
+        /// The template's file name.
+        template: &'static str,
+        /// The token left over.
+        token: String,
+    },
+
     /// A configuration value was refused.
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),

@@ -26,7 +26,7 @@ const MAX_IDENT: usize = 63;
 pub struct TableName(String);
 
 impl TableName {
-    /// The framework's standard table, created by [`crate::MIGRATOR`].
+    /// The framework's standard table, created by `queue_postgres::migrate`.
     pub const DEFAULT: &'static str = "queue_jobs";
 
     /// Validates `name`; refused names get [`PgError::InvalidIdentifier`] before any SQL runs.
@@ -89,11 +89,6 @@ impl fmt::Display for TableName {
     }
 }
 
-/// Replaces the template's table token (`"queue_jobs` inside quoted identifiers) with `table`.
-pub(crate) fn render(template: &str, table: &TableName) -> String {
-    template.replace("\"queue_jobs", &format!("\"{}", table.as_str()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,18 +107,5 @@ mod tests {
             assert!(err.to_string().contains(why), "{bad:?}: {err}");
         }
         assert!(TableName::new("j".repeat(50)).is_ok());
-    }
-
-    #[test]
-    fn render_replaces_only_quoted_table_tokens() {
-        let t = TableName::new("orders").unwrap();
-        let sql = render(
-            "CREATE INDEX \"queue_jobs_due_idx\" ON \"queue_jobs\" (queue) -- queue_jobs",
-            &t,
-        );
-        assert_eq!(
-            sql,
-            "CREATE INDEX \"orders_due_idx\" ON \"orders\" (queue) -- queue_jobs"
-        );
     }
 }

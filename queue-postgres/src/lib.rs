@@ -21,7 +21,7 @@
 //! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
 //! // A table of your own (or `queue_postgres::migrate(&pool)` for the standard `queue_jobs`).
 //! let table = TableName::new("webhook_jobs")?;
-//! queue_postgres::install_table(&pool, &table).await?;
+//! PgQueue::install_table(&pool, &table).await?;
 //! let config = PgQueueConfig::new(table, queue_core::QueueName::new("webhooks")?);
 //! let queue = PgQueue::connect(pool, config).await?; // refuses a table without the lease schema
 //!
@@ -33,59 +33,76 @@
 //! ```
 //!
 //! ## What it does
-//! * **Claim** ([`sql::CLAIM`]): due pending jobs or in-flight jobs whose lease expired (a NULL
-//!   `claimed_at` counts as expired), in `next_attempt_at` then priority order, two index-backed
-//!   `SKIP LOCKED` picks merged, so the cost stays flat as the backlog grows. Lease arithmetic uses
-//!   the database's `now()` only.
-//! * **Fenced writes** ([`sql::FINALIZE`], [`sql::EXTEND_LEASE`]): `WHERE id = … AND status =
-//!   'in_flight' AND claim_generation = …`, one outcome per job, batched with `unnest`.
-//! * **Hooks** get a [`PgTx`]; the caller's own transaction works too ([`PgQueue::finalize_with`],
-//!   [`PgQueue::enqueue_with`] take any `&mut PgConnection`).
-//! * **Wake-ups**: `NOTIFY` in the enqueue's transaction, a `LISTEN` connection per handle, polling
-//!   as the fallback.
-//! * **Schema**: [`MIGRATOR`] (its own migrations table), [`install_table`], the legacy upgrade
-//!   [`upgrade_legacy_table`], and the start-up [`check_schema`].
+//! * **Claim**: due pending jobs or in-flight jobs whose lease expired (a NULL `claimed_at`
+//!   counts as expired), in `next_attempt_at` then priority order, two index-backed
+//!   `SKIP LOCKED` picks merged, so the cost stays flat as the backlog grows. Lease arithmetic
+//!   uses the database's `now()` only.
+//! * **Fenced writes**: `WHERE id = … AND status = 'in_flight' AND claim_generation = …`, one
+//!   outcome per job, batched with `unnest`.
+//! * **Hooks** get a [`PostgresTx`]; the caller's own transaction works too
+//!   ([`PostgresQueue::finalize_with`] and [`PostgresQueue::enqueue_with`] take any connection
+//!   of the driver's).
+//! * **Wake-ups**: `NOTIFY` in the enqueue's transaction, a `LISTEN` connection per handle,
+//!   polling as the fallback.
+//! * **Schema**: [`migrate`] (the standard table, its own migrations table),
+//!   [`PostgresQueue::install_table`], the legacy upgrade
+//!   [`PostgresQueue::upgrade_legacy_table`], and the start-up [`PostgresQueue::check_schema`].
 //!
-//! ## Features
-//! * `sqlx` (default): the sqlx driver, [`PgQueue`]. Enable a TLS feature of sqlx in your own
-//!   crate if your database needs one.
+//! Every statement is a file of the crate's `sql/` folder; `docs/architecture.md` shows how a
+//! job moves through them.
+//!
+//! ## Drivers and features
+//! One queue type, [`PostgresQueue`], written once over a sealed [`Driver`]: a driver only runs
+//! a statement and reads a column. Each is a feature, and either builds without the other's
+//! stack:
+//! * `sqlx` (default): [`PgQueue`] on a `sqlx::PgPool`. Enable a TLS feature of sqlx in your
+//!   own crate if your database needs one.
+//! * `tokio-postgres`: [`TokioPostgresQueue`] on a `deadpool_postgres::Pool`, with its own
+//!   `LISTEN` connection (no TLS).
 //! * `testing`: scratch databases and time travel for tests against a real PostgreSQL
-//!   (`queue_postgres::testing`).
+//!   (`queue_postgres::testing`; uses sqlx).
+//!
+//! Statements of your own (a hook's domain write) run on either driver with
+//! [`PostgresTx::execute`] and [`PostgresTx::query`]: values are [`Param`]s, rows are read as
+//! [`Column`]s.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod batch;
 mod config;
+mod driver;
+mod encode;
 mod error;
 mod ident;
-pub mod sql;
-
-pub mod schema;
-
-#[cfg(feature = "sqlx")]
-mod listener;
-#[cfg(feature = "sqlx")]
 mod queue;
+mod schema;
+mod sql;
+mod statement;
+mod wake;
+
+#[cfg(feature = "sqlx")]
+#[path = "sqlx/mod.rs"]
+mod sqlx_driver;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "tokio-postgres")]
-mod tp;
-#[cfg(feature = "tokio-postgres")]
-mod tp_listener;
-#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-mod wake;
+#[path = "tokio_postgres/mod.rs"]
+mod tokio_postgres_driver;
 
 pub use config::PgQueueConfig;
+pub use driver::{Column, Driver, Param, ParamVisitor, Params, bounds};
 pub use error::PgError;
 pub use ident::TableName;
+pub use queue::{PostgresQueue, PostgresTx, Row};
 pub use schema::{MIGRATIONS_TABLE, create_table_sql, upgrade_legacy_sql};
 
 /// The `application_name` of `LISTEN` connections (visible in `pg_stat_activity`), both drivers.
 pub const LISTENER_APPLICATION_NAME: &str = "queue-listener";
 
 #[cfg(feature = "sqlx")]
-pub use queue::{PgQueue, PgTx};
-#[cfg(feature = "sqlx")]
-pub use schema::{MIGRATOR, check_schema, install_table, migrate, upgrade_legacy_table};
+pub use sqlx_driver::{MIGRATOR, PgQueue, PgTx, Sqlx, migrate};
 #[cfg(feature = "tokio-postgres")]
-pub use tp::{TpQueue, TpTx};
+#[allow(deprecated)]
+pub use tokio_postgres_driver::{
+    TokioPostgres, TokioPostgresConn, TokioPostgresQueue, TokioPostgresTx, TpQueue, TpTx,
+};

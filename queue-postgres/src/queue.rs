@@ -1,47 +1,36 @@
-//! `PgQueue`: the sqlx driver of the PostgreSQL backend.
+//! The PostgreSQL queue, written once for every driver: [`PostgresQueue`] and its
+//! [`Backend`] implementation, [`PostgresTx`], and the adopter-facing statements.
 
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{
-    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, ClaimedJob, Enqueued,
-    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
+    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
+    FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
 };
-use sqlx::postgres::{PgConnection, PgRow};
-use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 use tokio::sync::Notify;
 
-use crate::batch::{self, EnqueueColumns, FinalizeColumns, parse_status};
 use crate::config::PgQueueConfig;
+use crate::driver::{Column, Driver, Params};
 use crate::error::PgError;
-use crate::listener;
+use crate::ident::TableName;
 use crate::schema;
-use crate::sql::Statements;
+use crate::sql::Sql;
+use crate::statement::{self, EnqueueTarget};
 use crate::wake::ListenerGuard;
 
-/// A queue in a PostgreSQL table, on a sqlx pool. Cloning is cheap and shares everything.
+/// A queue in a PostgreSQL table, on driver `D`'s pool. Cloning is cheap and shares everything.
 ///
-/// ```no_run
-/// use queue_postgres::{PgQueue, PgQueueConfig};
-/// use queue_core::{Backend, NewJob};
-///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
-/// queue_postgres::migrate(&pool).await?; // the standard table `queue_jobs`
-/// let queue = PgQueue::connect(pool, PgQueueConfig::default()).await?; // checks the schema
-/// queue.enqueue(NewJob::new(&"hello")?).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct PgQueue {
-    inner: Arc<Inner>,
+/// Name it by its driver's alias: [`PgQueue`](crate::PgQueue) (sqlx) or
+/// [`TokioPostgresQueue`](crate::TokioPostgresQueue) (tokio-postgres + deadpool-postgres).
+pub struct PostgresQueue<D: Driver> {
+    inner: Arc<Inner<D>>,
 }
 
-struct Inner {
-    pool: PgPool,
+struct Inner<D: Driver> {
+    pool: D::Pool,
     config: PgQueueConfig,
-    sql: Statements,
+    sql: Sql,
     /// The table name as `pg_get_serial_sequence` wants it.
     quoted_table: String,
     channel: String,
@@ -49,90 +38,61 @@ struct Inner {
     _listener: Option<ListenerGuard>,
 }
 
-impl std::fmt::Debug for PgQueue {
+impl<D: Driver> Clone for PostgresQueue<D> {
+    fn clone(&self) -> Self {
+        PostgresQueue {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for PostgresQueue<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgQueue")
+        f.debug_struct("PostgresQueue")
+            .field("driver", &std::any::type_name::<D>())
             .field("table", &self.inner.config.table)
             .field("queue", &self.inner.config.queue)
             .finish_non_exhaustive()
     }
 }
 
-/// A transaction of the PostgreSQL backend. Hooks receive it; it dereferences to
-/// [`PgConnection`], so a hook writes with `sqlx::query(…).execute(&mut **tx)`.
-/// Dropping it without commit rolls back.
-#[derive(Debug)]
-pub struct PgTx(sqlx::Transaction<'static, Postgres>);
+/// What starts a driver's `LISTEN` connection: `(channel, queue, wake)` to a guard that stops it.
+pub(crate) type Listen = Box<dyn FnOnce(String, String, Arc<Notify>) -> ListenerGuard + Send>;
 
-impl PgTx {
-    /// The sqlx transaction inside.
-    pub fn into_inner(self) -> sqlx::Transaction<'static, Postgres> {
-        self.0
-    }
-}
-
-impl From<sqlx::Transaction<'static, Postgres>> for PgTx {
-    /// Wraps a transaction the caller began, so that the queue's writes join the caller's own.
-    fn from(tx: sqlx::Transaction<'static, Postgres>) -> Self {
-        PgTx(tx)
-    }
-}
-
-impl Deref for PgTx {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        &self.0
-    }
-}
-
-impl DerefMut for PgTx {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.0
-    }
-}
-
-impl BackendTx for PgTx {
-    async fn commit(self) -> queue_core::Result<()> {
-        self.0.commit().await.map_err(PgError::from)?;
-        Ok(())
-    }
-
-    async fn rollback(self) -> queue_core::Result<()> {
-        self.0.rollback().await.map_err(PgError::from)?;
-        Ok(())
-    }
-}
-
-impl PgQueue {
-    /// A queue handle on `pool`. Checks the table's schema first and refuses a table that is not
-    /// on the lease schema ([`PgError::Schema`]); starts the `LISTEN` connection if configured.
-    pub async fn connect(pool: PgPool, config: PgQueueConfig) -> Result<Self, PgError> {
-        schema::check_schema(&pool, &config.table).await?;
+impl<D: Driver> PostgresQueue<D> {
+    /// Checks the table's schema, renders its statements and starts the listener (each
+    /// driver's `connect` passes its own).
+    pub(crate) async fn open(
+        pool: D::Pool,
+        config: PgQueueConfig,
+        listen: Listen,
+    ) -> Result<Self, PgError> {
+        Self::check_schema(&pool, &config.table).await?;
+        let sql = Sql::new(&config.table)?;
         let wake = Arc::new(Notify::new());
         let channel = config.table.channel();
         let listener = config.listen.then(|| {
-            listener::spawn(
-                &pool,
+            listen(
                 channel.clone(),
                 config.queue.as_str().to_owned(),
                 wake.clone(),
             )
         });
-        Ok(PgQueue {
+        Ok(PostgresQueue {
             inner: Arc::new(Inner {
-                sql: Statements::new(&config.table),
-                quoted_table: config.table.quoted(),
                 pool,
+                quoted_table: config.table.quoted(),
+                config,
+                sql,
                 channel,
                 wake,
                 _listener: listener,
-                config,
             }),
         })
     }
 
     /// The pool.
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &D::Pool {
         &self.inner.pool
     }
 
@@ -141,143 +101,160 @@ impl PgQueue {
         &self.inner.config
     }
 
-    /// The statements this handle runs (rendered for its table).
-    pub fn statements(&self) -> &Statements {
-        &self.inner.sql
-    }
-
-    fn q(
-        &self,
-        sql: &Arc<str>,
-    ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
-        sqlx::query(AssertSqlSafe(sql.clone()))
-    }
-
     /// Enqueues `jobs` on `conn`: any connection or transaction of the caller, so the jobs
-    /// commit with the caller's own writes. One statement, whatever the number of jobs.
+    /// commit with the caller's own writes. One statement, whatever the number of jobs (two
+    /// when unique keys were already taken).
     pub async fn enqueue_with(
         &self,
-        conn: &mut PgConnection,
+        conn: D::Conn<'_>,
         jobs: Vec<NewJob>,
     ) -> Result<Vec<Enqueued>, PgError> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let columns = EnqueueColumns::new(jobs);
-        let channel = self
-            .inner
-            .config
-            .notify_on_enqueue
-            .then(|| self.inner.channel.clone());
-        let rows = self
-            .q(&self.inner.sql.enqueue)
-            .bind(self.inner.config.queue.as_str())
-            .bind(&self.inner.quoted_table)
-            .bind(columns.payloads)
-            .bind(columns.priorities)
-            .bind(columns.run_ats)
-            .bind(columns.delays)
-            .bind(columns.keys)
-            .bind(channel)
-            .fetch_all(&mut *conn)
-            .await?;
-        let rows = rows
-            .iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let (mut out, unresolved) = batch::enqueued_from_rows(rows);
-        if !unresolved.is_empty() {
-            let keys: Vec<&str> = unresolved.iter().map(|(_, key)| key.as_str()).collect();
-            let holders = self
-                .q(&self.inner.sql.lookup_unique)
-                .bind(self.inner.config.queue.as_str())
-                .bind(&keys)
-                .fetch_all(&mut *conn)
-                .await?
-                .iter()
-                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-                .collect::<Result<_, sqlx::Error>>()?;
-            batch::resolve_duplicates(&mut out, unresolved, holders)?;
-        }
-        Ok(out)
+        let config = &self.inner.config;
+        let target = EnqueueTarget {
+            queue: &config.queue,
+            quoted_table: &self.inner.quoted_table,
+            channel: config
+                .notify_on_enqueue
+                .then_some(self.inner.channel.as_str()),
+        };
+        statement::enqueue::<D>(conn, &self.inner.sql, &target, jobs).await
+    }
+
+    /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome
+    /// per item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; an
+    /// item repeated in the same call applies at most once.
+    pub async fn finalize_with(
+        &self,
+        conn: D::Conn<'_>,
+        items: &[(Claim, Finalize)],
+    ) -> Result<Vec<FinalizeOutcome>, PgError> {
+        statement::finalize::<D>(conn, &self.inner.sql, items).await
     }
 
     /// Sends this queue's wake-up on `conn`, delivered when its transaction commits: for jobs
     /// inserted by the adopter's own SQL (a legacy table with domain columns), so idle workers
     /// start them at once instead of at their next poll.
-    pub async fn notify_in(&self, conn: &mut PgConnection) -> Result<(), PgError> {
-        sqlx::query(crate::sql::NOTIFY)
-            .bind(&self.inner.channel)
-            .bind(self.inner.config.queue.as_str())
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome per
-    /// item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; an item
-    /// repeated in the same call applies at most once.
-    pub async fn finalize_with(
-        &self,
-        conn: &mut PgConnection,
-        items: &[(Claim, Finalize)],
-    ) -> Result<Vec<FinalizeOutcome>, PgError> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        let columns = FinalizeColumns::new(items);
-        let rows = self
-            .q(&self.inner.sql.finalize)
-            .bind(&columns.ids)
-            .bind(&columns.generations)
-            .bind(&columns.kinds)
-            .bind(&columns.run_ats)
-            .bind(&columns.delays)
-            .bind(&columns.errors)
-            .fetch_all(&mut *conn)
-            .await?;
-        let applied = rows
-            .iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect::<Result<Vec<(i64, i64)>, sqlx::Error>>()?;
-        Ok(batch::outcomes(items, applied))
+    pub async fn notify_in(&self, conn: D::Conn<'_>) -> Result<(), PgError> {
+        let inner = &self.inner;
+        statement::notify::<D>(conn, &inner.sql, &inner.channel, &inner.config.queue).await
     }
 
     /// Deletes terminal jobs (of every queue in the table) that finished longer ago than
-    /// `older_than`, in batches of `batch_size` rows so no statement holds many locks, until none
-    /// is left. Returns how many rows were deleted.
+    /// `older_than`, in batches of `batch_size` rows so no statement holds many locks, until
+    /// none is left. Returns how many rows were deleted.
     pub async fn sweep_finished(
         &self,
         older_than: Duration,
         batch_size: u32,
     ) -> Result<u64, PgError> {
+        let limit = i64::from(batch_size.max(1));
+        let mut conn = D::acquire(&self.inner.pool).await?;
         let mut total = 0;
         loop {
-            let deleted = self
-                .q(&self.inner.sql.sweep_finished)
-                .bind(older_than.as_secs_f64())
-                .bind(i64::from(batch_size.max(1)))
-                .execute(&self.inner.pool)
-                .await?
-                .rows_affected();
+            let deleted = statement::sweep_finished::<D>(
+                D::pooled(&mut conn),
+                &self.inner.sql,
+                older_than,
+                limit,
+            )
+            .await?;
             total += deleted;
-            if deleted < u64::from(batch_size.max(1)) {
+            if deleted < limit as u64 {
                 return Ok(total);
             }
         }
     }
+
+    /// Runs a statement of your own on the pool and returns its rows: the same code for every
+    /// driver. Values are always bound, never spliced into `sql`.
+    pub async fn query<'p, P: Params<'p>>(
+        &self,
+        sql: &'static str,
+        params: P,
+    ) -> Result<Vec<Row<D>>, PgError> {
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        let rows = D::query(D::pooled(&mut conn), sql, &params).await?;
+        Ok(rows.into_iter().map(Row).collect())
+    }
+
+    /// Creates (if missing) a queue table named `table`: the framework's migrations, rendered
+    /// for it ([`crate::create_table_sql`]).
+    pub async fn install_table(pool: &D::Pool, table: &TableName) -> Result<(), PgError> {
+        let mut conn = D::acquire(pool).await?;
+        D::batch_execute(D::pooled(&mut conn), &schema::create_table_sql(table)).await
+    }
+
+    /// Upgrades a legacy table in place ([`crate::upgrade_legacy_sql`]), in one transaction.
+    pub async fn upgrade_legacy_table(
+        pool: &D::Pool,
+        table: &TableName,
+        queue: &QueueName,
+        drop_index: Option<&str>,
+    ) -> Result<(), PgError> {
+        let ddl = schema::upgrade_legacy_sql(table, queue, drop_index)?;
+        let mut tx = D::begin(pool).await?;
+        D::batch_execute(D::in_tx(&mut tx), &ddl).await?;
+        D::commit(tx).await
+    }
+
+    /// Refuses, naming what is missing, a table that is not on the lease schema
+    /// ([`PgError::Schema`]). Every `connect` runs it: a half-deployed fleet fails loudly
+    /// instead of double-running.
+    pub async fn check_schema(pool: &D::Pool, table: &TableName) -> Result<(), PgError> {
+        let mut conn = D::acquire(pool).await?;
+        let facts = statement::table_facts::<D>(D::pooled(&mut conn), table).await?;
+        schema::evaluate_schema(table, &facts)
+    }
+
+    async fn claim_jobs(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let jobs = statement::claim::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            request,
+        )
+        .await?;
+        Ok(ClaimBatch { jobs })
+    }
+
+    async fn finalize_pooled(
+        &self,
+        items: &[(Claim, Finalize)],
+    ) -> Result<Vec<FinalizeOutcome>, PgError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        self.finalize_with(D::pooled(&mut conn), items).await
+    }
+
+    async fn cancel_pending(&self, id: JobId) -> Result<CancelOutcome, PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        loop {
+            let seen =
+                statement::cancel::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, id)
+                    .await?;
+            return Ok(match seen {
+                None => CancelOutcome::NotFound,
+                Some((true, _)) => CancelOutcome::Cancelled,
+                Some((false, JobStatus::InFlight)) => CancelOutcome::InFlight,
+                // Claimed or released between the statement's snapshot and its update: ask
+                // again.
+                Some((false, JobStatus::Pending)) => continue,
+                Some((false, terminal)) => CancelOutcome::AlreadyTerminal(terminal),
+            });
+        }
+    }
 }
 
-fn claimed_job(row: &PgRow) -> Result<ClaimedJob, sqlx::Error> {
-    Ok(batch::claimed_job_from_row!(row))
-}
-
-fn job_record(row: &PgRow) -> Result<JobRecord, PgError> {
-    Ok(batch::job_record_from_row!(row))
-}
-
-impl Backend for PgQueue {
-    type Tx = PgTx;
+impl<D: Driver> Backend for PostgresQueue<D> {
+    type Tx = PostgresTx<D>;
 
     fn queue(&self) -> &QueueName {
         &self.inner.config.queue
@@ -292,48 +269,37 @@ impl Backend for PgQueue {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.inner.pool.acquire().await.map_err(PgError::from)?;
-        Ok(self.enqueue_with(&mut conn, jobs).await?)
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)
     }
 
-    async fn enqueue_in(&self, tx: &mut PgTx, job: NewJob) -> queue_core::Result<Enqueued> {
-        let mut out = self.enqueue_with(tx, vec![job]).await?;
+    async fn enqueue_in(
+        &self,
+        tx: &mut PostgresTx<D>,
+        job: NewJob,
+    ) -> queue_core::Result<Enqueued> {
+        let mut out = self.enqueue_with(tx.conn(), vec![job]).await?;
         Ok(out.remove(0))
     }
 
-    async fn begin(&self) -> queue_core::Result<PgTx> {
-        Ok(PgTx(self.inner.pool.begin().await.map_err(PgError::from)?))
+    async fn begin(&self) -> queue_core::Result<PostgresTx<D>> {
+        Ok(PostgresTx {
+            tx: D::begin(&self.inner.pool).await?,
+        })
     }
 
     async fn claim(&self, request: ClaimRequest) -> queue_core::Result<ClaimBatch> {
-        let rows = self
-            .q(&self.inner.sql.claim)
-            .bind(self.inner.config.queue.as_str())
-            .bind(i64::from(request.batch_size.max(1)))
-            .bind(request.lease.as_secs_f64())
-            .bind(i32::try_from(request.max_reclaims).unwrap_or(i32::MAX))
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?;
-        let jobs = rows
-            .iter()
-            .map(claimed_job)
-            .collect::<Result<_, _>>()
-            .map_err(PgError::from)?;
-        let batch = ClaimBatch { jobs };
-        Ok(batch)
+        Ok(self.claim_jobs(&request).await?)
     }
 
     async fn finalize_in(
         &self,
-        tx: &mut PgTx,
+        tx: &mut PostgresTx<D>,
         claim: Claim,
         action: &Finalize,
     ) -> queue_core::Result<FinalizeOutcome> {
-        let outcomes = self
-            .finalize_with(tx, std::slice::from_ref(&(claim, action.clone())))
-            .await?;
-        Ok(outcomes[0])
+        let item = [(claim, action.clone())];
+        Ok(self.finalize_with(tx.conn(), &item).await?[0])
     }
 
     async fn finalize(
@@ -342,92 +308,116 @@ impl Backend for PgQueue {
         action: &Finalize,
     ) -> queue_core::Result<FinalizeOutcome> {
         // A single statement commits on its own: no BEGIN/COMMIT round trips.
-        Ok(self.finalize_many(&[(claim, action.clone())]).await?[0])
+        Ok(self.finalize_pooled(&[(claim, action.clone())]).await?[0])
     }
 
     async fn finalize_many(
         &self,
         items: &[(Claim, Finalize)],
     ) -> queue_core::Result<Vec<FinalizeOutcome>> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.inner.pool.acquire().await.map_err(PgError::from)?;
-        Ok(self.finalize_with(&mut conn, items).await?)
+        Ok(self.finalize_pooled(items).await?)
     }
 
     async fn extend_lease(&self, claim: Claim) -> queue_core::Result<FinalizeOutcome> {
-        let done = self
-            .q(&self.inner.sql.extend_lease)
-            .bind(claim.id.0)
-            .bind(claim.generation.0)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?;
-        Ok(FinalizeOutcome::from_rows_affected(done.rows_affected()))
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        Ok(statement::extend_lease::<D>(D::pooled(&mut conn), &self.inner.sql, claim).await?)
     }
 
     async fn cancel(&self, id: JobId) -> queue_core::Result<CancelOutcome> {
-        let queue = self.inner.config.queue.as_str();
-        loop {
-            let done = self
-                .q(&self.inner.sql.cancel_pending)
-                .bind(id.0)
-                .bind(queue)
-                .execute(&self.inner.pool)
-                .await
-                .map_err(PgError::from)?;
-            if done.rows_affected() == 1 {
-                return Ok(CancelOutcome::Cancelled);
-            }
-            let status: Option<String> = self
-                .q(&self.inner.sql.status_of)
-                .bind(id.0)
-                .bind(queue)
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(PgError::from)?
-                .map(|row| row.get(0));
-            return Ok(match status {
-                None => CancelOutcome::NotFound,
-                Some(status) => match parse_status(id.0, status)? {
-                    JobStatus::InFlight => CancelOutcome::InFlight,
-                    // Released or retried between the two statements: pending again, try again.
-                    JobStatus::Pending => continue,
-                    terminal => CancelOutcome::AlreadyTerminal(terminal),
-                },
-            });
-        }
+        Ok(self.cancel_pending(id).await?)
     }
 
     async fn get(&self, id: JobId) -> queue_core::Result<Option<JobRecord>> {
-        let row = self
-            .q(&self.inner.sql.get)
-            .bind(id.0)
-            .bind(self.inner.config.queue.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?;
-        Ok(row.as_ref().map(job_record).transpose()?)
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(
+            statement::get_job::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, id)
+                .await?,
+        )
     }
 
     async fn counts(&self) -> queue_core::Result<QueueCounts> {
-        let rows = self
-            .q(&self.inner.sql.counts)
-            .bind(self.inner.config.queue.as_str())
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(PgError::from)?;
-        let mut counts = QueueCounts::default();
-        for row in rows {
-            let status: String = row.get(0);
-            let n: i64 = row.get(1);
-            counts.add(parse_status(-1, status)?, n as u64);
-        }
-        Ok(counts)
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(statement::counts::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?)
     }
 
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         self.inner.config.listen.then(|| self.inner.wake.clone())
+    }
+}
+
+/// A transaction of the PostgreSQL backend: the finalize's fenced write and its hooks' writes
+/// commit together. Dropping it without commit rolls back.
+///
+/// A hook writes through it with [`PostgresTx::execute`] and [`PostgresTx::query`] (the same
+/// code for both drivers), or with its driver's own API: a `PgTx` dereferences to sqlx's
+/// `PgConnection`, a `TokioPostgresTx` to deadpool-postgres' pooled client.
+pub struct PostgresTx<D: Driver> {
+    pub(crate) tx: D::Tx,
+}
+
+impl<D: Driver> std::fmt::Debug for PostgresTx<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresTx")
+            .field("driver", &std::any::type_name::<D>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> PostgresTx<D> {
+    /// The transaction's connection, for [`PostgresQueue::enqueue_with`] and friends.
+    pub fn conn(&mut self) -> D::Conn<'_> {
+        D::in_tx(&mut self.tx)
+    }
+
+    /// Runs a statement of your own in the transaction; returns how many rows it changed.
+    pub async fn execute<'p, P: Params<'p>>(
+        &mut self,
+        sql: &'static str,
+        params: P,
+    ) -> Result<u64, PgError> {
+        D::execute(self.conn(), sql, &params).await
+    }
+
+    /// Runs a statement of your own in the transaction; returns its rows.
+    pub async fn query<'p, P: Params<'p>>(
+        &mut self,
+        sql: &'static str,
+        params: P,
+    ) -> Result<Vec<Row<D>>, PgError> {
+        let rows = D::query(self.conn(), sql, &params).await?;
+        Ok(rows.into_iter().map(Row).collect())
+    }
+
+    /// The driver's own transaction inside.
+    pub fn into_inner(self) -> D::Tx {
+        self.tx
+    }
+}
+
+impl<D: Driver> BackendTx for PostgresTx<D> {
+    async fn commit(self) -> queue_core::Result<()> {
+        Ok(D::commit(self.tx).await?)
+    }
+
+    async fn rollback(self) -> queue_core::Result<()> {
+        Ok(D::rollback(self.tx).await?)
+    }
+}
+
+/// A row of a statement run through [`PostgresQueue::query`] or [`PostgresTx::query`].
+pub struct Row<D: Driver>(D::Row);
+
+impl<D: Driver> Row<D> {
+    /// Reads `column` (by name) as `T`.
+    pub fn get<T: Column>(&self, column: &str) -> Result<T, PgError> {
+        D::get(&self.0, column)
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for Row<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Row").finish_non_exhaustive()
     }
 }

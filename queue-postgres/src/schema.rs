@@ -1,70 +1,42 @@
-//! Creating, upgrading and checking queue tables.
-
-#[cfg(feature = "sqlx")]
-use std::sync::LazyLock;
+//! Creating, upgrading and checking queue tables: the DDL (rendered from the templates in
+//! `migrations/` and `sql/`) and the judgement of the start-up check. Running them is the
+//! queue's ([`crate::PostgresQueue::install_table`] and friends), for every driver.
 
 use queue_core::QueueName;
-#[cfg(feature = "sqlx")]
-use sqlx::migrate::Migrator;
-#[cfg(feature = "sqlx")]
-use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::error::PgError;
-use crate::ident::{TableName, render};
-use crate::sql;
+use crate::ident::TableName;
+use crate::sql::{self, COLUMNS};
 
 /// The name of the table in which the framework records its own applied migrations, so that
 /// they coexist with a service's own migrator (which keeps `_sqlx_migrations`): neither sees
 /// the other's versions as missing.
 pub const MIGRATIONS_TABLE: &str = "_queue_framework_migrations";
 
-/// The framework's migrations, embedded from this crate's `migrations/` folder (so
-/// `cargo package` carries them). They create the standard table `queue_jobs`.
-#[cfg(feature = "sqlx")]
-pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
-    let mut migrator = sqlx::migrate!("./migrations");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
-});
-
-/// Applies the framework's migrations (idempotent; safe to run from every replica at start-up:
-/// the migrator takes an advisory lock).
-#[cfg(feature = "sqlx")]
-pub async fn migrate(pool: &PgPool) -> Result<(), PgError> {
-    MIGRATOR.run(pool).await?;
-    Ok(())
-}
-
 /// The DDL of a new queue table named `table`: the framework's migrations, rendered for it.
-/// Put it in your own migrations, or run it with [`install_table`].
+/// Put it in your own migrations, or run it with
+/// [`PostgresQueue::install_table`](crate::PostgresQueue::install_table).
 pub fn create_table_sql(table: &TableName) -> String {
     sql::TABLE_MIGRATIONS
         .iter()
-        .map(|(_, text)| render(text, table))
+        .map(|(_, _, template)| {
+            sql::for_table(*template, table).expect("the table migrations render for any table")
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
 
-/// Creates (if missing) a queue table named `table` with the framework's schema.
-#[cfg(feature = "sqlx")]
-pub async fn install_table(pool: &PgPool, table: &TableName) -> Result<(), PgError> {
-    sqlx::raw_sql(AssertSqlSafe(create_table_sql(table)))
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-/// The DDL that upgrades a legacy queue table in place to the lease schema (the seed's D1):
-/// adds `claimed_at` (no backfill: NULL counts as an expired lease, so rows stranded in flight by
-/// the old release are re-claimable at once) and `claim_generation`, the framework's other
-/// columns with defaults (`queue` defaults to `queue`, so legacy rows belong to it), drops the old
-/// stuck-job index if named, creates the partial indexes (lease: `WHERE status =
-/// 'in_flight'`), and stamps `finished_at` on terminal rows so retention reaches them. The
-/// indexes are built without `CONCURRENTLY` (a migration runs in a transaction): on a large
-/// table, build them concurrently beforehand under the same names and the upgrade skips them.
+/// The DDL that upgrades a legacy queue table in place to the lease schema: adds `claimed_at`
+/// (no backfill: NULL counts as an expired lease, so rows stranded in flight by the old release
+/// are re-claimable at once) and `claim_generation`, the framework's other columns with
+/// defaults (`queue` defaults to `queue`, so legacy rows belong to it), drops the old stuck-job
+/// index if named, creates the partial indexes (lease: `WHERE status = 'in_flight'`), and stamps
+/// `finished_at` on terminal rows so retention reaches them.
 ///
 /// Legacy status values outside the framework's vocabulary (`pending`, `in_flight`,
 /// `completed`, `failed`, `dead`, `cancelled`) must be mapped by the adopter's own migration.
+/// The upgrade locks the table while it runs; see `docs/operations.md` before running it on a
+/// large live table.
 pub fn upgrade_legacy_sql(
     table: &TableName,
     queue: &QueueName,
@@ -87,46 +59,12 @@ pub fn upgrade_legacy_sql(
         ddl.push_str(&format!("DROP INDEX IF EXISTS \"{index}\";\n"));
     }
     // Queue names are validated to letters, digits and `_-.:`, so they cannot close the literal.
-    ddl.push_str(&render(sql::UPGRADE_LEGACY, table).replace(
-        "DEFAULT 'default'",
-        &format!("DEFAULT '{}'", queue.as_str()),
-    ));
+    ddl.push_str(&sql::render(
+        sql::UPGRADE_LEGACY,
+        &[("table", table.as_str()), ("queue", queue.as_str())],
+    )?);
     Ok(ddl)
 }
-
-/// Runs [`upgrade_legacy_sql`] in one transaction.
-#[cfg(feature = "sqlx")]
-pub async fn upgrade_legacy_table(
-    pool: &PgPool,
-    table: &TableName,
-    queue: &QueueName,
-    drop_index: Option<&str>,
-) -> Result<(), PgError> {
-    let ddl = upgrade_legacy_sql(table, queue, drop_index)?;
-    let mut tx = pool.begin().await?;
-    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
-/// The columns the lease protocol needs, with the type `format_type` reports.
-const REQUIRED_COLUMNS: [(&str, &str); 15] = [
-    ("id", "bigint"),
-    ("queue", "text"),
-    ("status", "text"),
-    ("payload", "jsonb"),
-    ("priority", "smallint"),
-    ("attempts", "integer"),
-    ("reclaims", "integer"),
-    ("next_attempt_at", "timestamp with time zone"),
-    ("claimed_at", "timestamp with time zone"),
-    ("claim_generation", "bigint"),
-    ("last_error", "text"),
-    ("unique_key", "text"),
-    ("created_at", "timestamp with time zone"),
-    ("updated_at", "timestamp with time zone"),
-    ("finished_at", "timestamp with time zone"),
-];
 
 /// The indexes the statements rely on, by suffix, with what each is for.
 const REQUIRED_INDEXES: [(&str, &str); 4] = [
@@ -141,19 +79,17 @@ const REQUIRED_INDEXES: [(&str, &str); 4] = [
 
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TableFacts {
+pub(crate) struct TableFacts {
     /// `(column, format_type)` pairs; empty when the table does not exist.
-    pub columns: Vec<(String, String)>,
+    pub(crate) columns: Vec<(String, String)>,
     /// Index names.
-    pub indexes: Vec<String>,
+    pub(crate) indexes: Vec<String>,
     /// Whether `id` draws from a sequence or identity.
-    pub id_has_sequence: bool,
+    pub(crate) id_has_sequence: bool,
 }
 
-/// Refuses, naming what is missing, a table that is not on the lease schema: the judgement of
-/// the start-up check, shared by both drivers (each reads the facts with [`sql::SCHEMA_COLUMNS`],
-/// [`sql::SCHEMA_INDEXES`] and [`sql::SCHEMA_ID_SEQUENCE`]).
-pub fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(), PgError> {
+/// Refuses, naming what is missing, a table that is not on the lease schema.
+pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(), PgError> {
     if facts.columns.is_empty() {
         return Err(PgError::Schema {
             table: table.to_string(),
@@ -161,7 +97,7 @@ pub fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(), PgEr
         });
     }
     let mut missing = Vec::new();
-    for (name, ty) in REQUIRED_COLUMNS {
+    for (name, ty) in COLUMNS {
         match facts.columns.iter().find(|(n, _)| n == name) {
             None => missing.push(format!("column {name} ({ty})")),
             Some((_, actual)) if actual != ty => {
@@ -189,55 +125,9 @@ pub fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(), PgEr
     }
 }
 
-/// Refuses, naming what is missing, a table that is not on the lease schema. Run at start-up
-/// by [`crate::PgQueue::connect`]: a half-deployed fleet fails loudly instead of double-running.
-#[cfg(feature = "sqlx")]
-pub async fn check_schema(pool: &PgPool, table: &TableName) -> Result<(), PgError> {
-    let quoted = table.quoted();
-    let columns = sqlx::query(sql::SCHEMA_COLUMNS)
-        .bind(&quoted)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    let indexes = sqlx::query(sql::SCHEMA_INDEXES)
-        .bind(&quoted)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(|row| row.get(0))
-        .collect();
-    let id_has_sequence = sqlx::query_scalar::<_, Option<bool>>(sql::SCHEMA_ID_SEQUENCE)
-        .bind(&quoted)
-        .fetch_one(pool)
-        .await
-        .ok()
-        .flatten()
-        == Some(true);
-    evaluate_schema(
-        table,
-        &TableFacts {
-            columns,
-            indexes,
-            id_has_sequence,
-        },
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[cfg(feature = "sqlx")]
-    #[test]
-    fn the_migrator_embeds_exactly_the_listed_table_migrations() {
-        let embedded: Vec<(i64, &str)> = MIGRATOR
-            .iter()
-            .map(|m| (m.version, m.sql.as_str()))
-            .collect();
-        assert_eq!(embedded, sql::TABLE_MIGRATIONS.to_vec());
-    }
 
     #[test]
     fn create_table_sql_is_the_migration_rendered() {
@@ -245,10 +135,11 @@ mod tests {
         assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"mail_jobs\""));
         assert!(ddl.contains("\"mail_jobs_lease_idx\""));
         assert!(!ddl.contains("\"queue_jobs"));
+        assert!(!ddl.contains("{{"));
     }
 
     #[test]
-    fn upgrade_is_the_seed_d1_generalised() {
+    fn the_upgrade_adds_the_lease_without_backfilling_it() {
         let table = TableName::new("exchange_send_jobs").unwrap();
         let queue = QueueName::new("exchange.send").unwrap();
         let ddl = upgrade_legacy_sql(
@@ -276,5 +167,22 @@ mod tests {
             upgrade_legacy_sql(&table, &queue, Some("bad\"; drop")).is_err(),
             "an injected index name was accepted"
         );
+    }
+
+    #[test]
+    fn the_schema_check_names_what_is_missing() {
+        let table = TableName::default();
+        let missing_table = evaluate_schema(&table, &TableFacts::default()).unwrap_err();
+        assert!(missing_table.to_string().contains("not found"));
+        let legacy = TableFacts {
+            columns: vec![
+                ("id".into(), "bigint".into()),
+                ("status".into(), "text".into()),
+            ],
+            indexes: vec![],
+            id_has_sequence: true,
+        };
+        let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
+        assert!(text.contains("column claimed_at") && text.contains("queue_jobs_lease_idx"));
     }
 }

@@ -1,256 +1,155 @@
-//! Every statement the backend runs, once. Drivers and tests use these texts; nothing else
-//! writes queue SQL.
-//!
-//! Templates name the table `"queue_jobs"`; [`Statements::new`] renders them for the configured
-//! (validated) table. Every value is a bound parameter.
+//! Every statement the backend runs, once: one file per statement under `sql/` (each with a
+//! header saying its parameters and what it guarantees), rendered for a table by [`render`].
+//! Drivers and tests run these texts; nothing else writes queue SQL.
 
 use std::sync::Arc;
 
-use crate::ident::{TableName, render};
+use crate::error::PgError;
+use crate::ident::TableName;
 
-/// Enqueue one or many jobs in one statement.
-///
-/// Ids are drawn from the table's sequence before the insert so that every input row knows its
-/// id whatever order `RETURNING` would use; a unique-key conflict inserts nothing and reports the
-/// row as not inserted. When a channel is given, one `NOTIFY` is sent in the same transaction
-/// (delivered on commit) if anything was inserted.
-///
-/// `$1` queue, `$2` quoted table name (for its sequence), `$3` payloads, `$4` priorities,
-/// `$5` run-at instants (NULL: use `$6`), `$6` delays in seconds, `$7` unique keys, `$8` channel
-/// (NULL: no notify).
-pub const ENQUEUE: &str = r#"
-WITH input AS MATERIALIZED (
-    SELECT u.ord,
-           nextval((SELECT pg_get_serial_sequence($2, 'id'))::regclass) AS id,
-           u.payload, u.priority, u.run_at, u.delay_secs, u.unique_key
-    FROM unnest($3::jsonb[], $4::int2[], $5::timestamptz[], $6::float8[], $7::text[])
-         WITH ORDINALITY AS u(payload, priority, run_at, delay_secs, unique_key, ord)
-),
-inserted AS (
-    INSERT INTO "queue_jobs" (id, queue, payload, priority, next_attempt_at, unique_key)
-    SELECT id, $1, payload, priority,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_secs, 0))),
-           unique_key
-    FROM input
-    ORDER BY ord
-    ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-    RETURNING id
-),
-woken AS (
-    SELECT pg_notify($8, $1)
-    FROM (SELECT 1 FROM inserted LIMIT 1) AS any_inserted
-    WHERE $8::text IS NOT NULL
-)
-SELECT input.id, inserted.id IS NOT NULL AS inserted, input.unique_key
-FROM input
-LEFT JOIN inserted ON inserted.id = input.id
-LEFT JOIN woken ON true
-ORDER BY input.ord
-"#;
-
-/// A wake-up for jobs inserted by the adopter's own SQL: `$1` channel, `$2` queue. Delivered
-/// when the surrounding transaction commits.
-pub const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-
-/// The ids of existing jobs holding unique keys (after an enqueue conflict).
-/// `$1` queue, `$2` keys.
-pub const LOOKUP_UNIQUE: &str = r#"
-SELECT unique_key, id FROM "queue_jobs" WHERE queue = $1 AND unique_key = ANY($2::text[])
-"#;
-
-/// The claim: the seed's semantics (due pending jobs, or in-flight jobs whose lease expired,
-/// a NULL `claimed_at` counting as expired; `next_attempt_at` order, then priority), with each
-/// predicate as its own ordered, index-backed `FOR UPDATE SKIP LOCKED` pick so that its cost does
-/// not grow with the backlog. PostgreSQL refuses `FOR UPDATE` under `UNION`, hence two
-/// materialized CTEs merged afterwards. A takeover past the reclaim cap comes back flagged
-/// `over_reclaim_cap` (its holder buries it through [`FINALIZE`], with the hooks).
-///
-/// `$1` queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap. Rows come back in claim
-/// order.
-pub const CLAIM: &str = r#"
-WITH due AS MATERIALIZED (
-    SELECT id, next_attempt_at, priority, reclaims, false AS expired
-    FROM "queue_jobs"
-    WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, priority, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-),
-expired AS MATERIALIZED (
-    SELECT id, next_attempt_at, priority, reclaims, true AS expired
-    FROM "queue_jobs"
-    WHERE queue = $1 AND status = 'in_flight'
-      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
-    ORDER BY claimed_at NULLS FIRST
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-),
-picked AS (
-    SELECT id, expired, reclaims
-    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-    ORDER BY next_attempt_at, priority, id
-    LIMIT $2
-),
-claimed AS (
-    UPDATE "queue_jobs" AS j
-    SET status = 'in_flight',
-        attempts = j.attempts + 1,
-        reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
-        claimed_at = now(),
-        claim_generation = j.claim_generation + 1,
-        updated_at = now()
-    FROM picked AS p
-    WHERE j.id = p.id
-    RETURNING j.id, j.claim_generation, j.attempts, j.reclaims, j.claimed_at, j.priority,
-              j.payload, j.next_attempt_at, p.expired AS taken_over,
-              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap
-)
-SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, taken_over,
-       over_reclaim_cap
-FROM claimed
-ORDER BY next_attempt_at, priority, id
-"#;
-
-/// Every lease-holder write but the heartbeat, for one job or many: each row is a
-/// compare-and-set on `(id, status = 'in_flight', claim_generation)`; the rows returned are the
-/// writes that applied (the rest are `Stale`).
-///
-/// `$1` ids, `$2` generations, `$3` kinds (`Finalize::kind`), `$4` retry instants, `$5` retry
-/// delays in seconds, `$6` errors.
-pub const FINALIZE: &str = r#"
-UPDATE "queue_jobs" AS j
-SET status = CASE u.kind WHEN 'complete' THEN 'completed'
-                         WHEN 'fail_terminal' THEN 'failed'
-                         WHEN 'cancel' THEN 'cancelled'
-                         WHEN 'bury' THEN 'dead'
-                         ELSE 'pending' END,
-    attempts = j.attempts - CASE WHEN u.kind = 'release' THEN 1 ELSE 0 END,
-    next_attempt_at = CASE WHEN u.kind = 'retry'
-                           THEN COALESCE(u.run_at, now() + make_interval(secs => COALESCE(u.delay_secs, 0)))
-                           ELSE j.next_attempt_at END,
-    last_error = CASE WHEN u.kind IN ('fail_terminal', 'retry', 'cancel', 'bury') THEN u.error
-                      ELSE j.last_error END,
-    updated_at = now(),
-    finished_at = CASE WHEN u.kind IN ('complete', 'fail_terminal', 'cancel', 'bury') THEN now() END
-FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[], $5::float8[], $6::text[])
-     AS u(id, claim_generation, kind, run_at, delay_secs, error)
-WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
-RETURNING j.id, u.claim_generation
-"#;
-
-/// The heartbeat: restamp the lease clock, fenced like a finalizer. `$1` id, `$2` generation.
-pub const EXTEND_LEASE: &str = r#"
-UPDATE "queue_jobs" SET claimed_at = now(), updated_at = now()
-WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2
-"#;
-
-/// Administrative cancel of a pending job. `$1` id, `$2` queue.
-pub const CANCEL_PENDING: &str = r#"
-UPDATE "queue_jobs" SET status = 'cancelled', updated_at = now(), finished_at = now()
-WHERE id = $1 AND queue = $2 AND status = 'pending'
-"#;
-
-/// A job's status. `$1` id, `$2` queue.
-pub const STATUS_OF: &str = r#"
-SELECT status FROM "queue_jobs" WHERE id = $1 AND queue = $2
-"#;
-
-/// A job's row. `$1` id, `$2` queue.
-pub const GET: &str = r#"
-SELECT id, queue, status, payload, priority, attempts, reclaims, next_attempt_at, claimed_at,
-       claim_generation, last_error, unique_key, created_at, updated_at, finished_at
-FROM "queue_jobs" WHERE id = $1 AND queue = $2
-"#;
-
-/// Jobs per status. `$1` queue.
-pub const COUNTS: &str = r#"
-SELECT status, count(*) FROM "queue_jobs" WHERE queue = $1 GROUP BY status
-"#;
-
-/// One batch of the retention sweep: terminal rows finished longer ago than `$1` seconds, at
-/// most `$2`, oldest first, skipping rows someone else holds. Covers every queue of the table.
-pub const SWEEP_FINISHED: &str = r#"
-WITH doomed AS (
-    SELECT id FROM "queue_jobs"
-    WHERE finished_at IS NOT NULL AND finished_at < now() - make_interval(secs => $1)
-    ORDER BY finished_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM "queue_jobs" AS j USING doomed WHERE j.id = doomed.id
-"#;
-
-/// The columns of a table: `$1` quoted table name (resolved on the search path).
-pub const SCHEMA_COLUMNS: &str = r#"
-SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
-FROM pg_attribute a
-WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
-"#;
-
-/// The indexes of a table, by name: `$1` quoted table name.
-pub const SCHEMA_INDEXES: &str = r#"
-SELECT c.relname::text
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE i.indrelid = to_regclass($1)
-"#;
-
-/// Whether the table's `id` draws from a sequence (serial or identity): `$1` quoted table name.
-pub const SCHEMA_ID_SEQUENCE: &str = r#"
-SELECT pg_get_serial_sequence($1, 'id') IS NOT NULL
-"#;
-
-/// The framework's migrations, `(version, text)`, in order: the same files `MIGRATOR` embeds
-/// (a test checks that they agree), listed here so that drivers without sqlx's migrator can
-/// render them for any table.
-pub const TABLE_MIGRATIONS: [(i64, &str); 1] = [(
-    20261130000001,
-    include_str!("../migrations/20261130000001_queue_jobs.sql"),
-)];
-
-/// The legacy upgrade (the seed's D1, generalised).
-pub const UPGRADE_LEGACY: &str = include_str!("../sql/upgrade_legacy.sql");
-
-/// The statements of one table, rendered once.
-#[derive(Debug, Clone)]
-pub struct Statements {
-    /// [`ENQUEUE`].
-    pub enqueue: Arc<str>,
-    /// [`LOOKUP_UNIQUE`].
-    pub lookup_unique: Arc<str>,
-    /// [`CLAIM`].
-    pub claim: Arc<str>,
-    /// [`FINALIZE`].
-    pub finalize: Arc<str>,
-    /// [`EXTEND_LEASE`].
-    pub extend_lease: Arc<str>,
-    /// [`CANCEL_PENDING`].
-    pub cancel_pending: Arc<str>,
-    /// [`STATUS_OF`].
-    pub status_of: Arc<str>,
-    /// [`GET`].
-    pub get: Arc<str>,
-    /// [`COUNTS`].
-    pub counts: Arc<str>,
-    /// [`SWEEP_FINISHED`].
-    pub sweep_finished: Arc<str>,
+/// A statement template: `{{name}}` tokens, rendered by [`render`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Template {
+    /// The file it comes from, for errors.
+    pub(crate) name: &'static str,
+    pub(crate) text: &'static str,
 }
 
-impl Statements {
-    /// Renders every statement for `table`.
-    pub fn new(table: &TableName) -> Self {
-        let r = |template: &str| -> Arc<str> { render(template, table).into() };
-        Statements {
-            enqueue: r(ENQUEUE),
-            lookup_unique: r(LOOKUP_UNIQUE),
-            claim: r(CLAIM),
-            finalize: r(FINALIZE),
-            extend_lease: r(EXTEND_LEASE),
-            cancel_pending: r(CANCEL_PENDING),
-            status_of: r(STATUS_OF),
-            get: r(GET),
-            counts: r(COUNTS),
-            sweep_finished: r(SWEEP_FINISHED),
+macro_rules! template {
+    ($file:literal) => {
+        Template {
+            name: $file,
+            text: include_str!(concat!("../sql/", $file)),
         }
+    };
+}
+
+pub(crate) const ENQUEUE: Template = template!("enqueue.sql");
+pub(crate) const LOOKUP_UNIQUE: Template = template!("lookup_unique.sql");
+pub(crate) const NOTIFY: Template = template!("notify.sql");
+pub(crate) const CLAIM: Template = template!("claim.sql");
+pub(crate) const FINALIZE: Template = template!("finalize.sql");
+pub(crate) const EXTEND_LEASE: Template = template!("extend_lease.sql");
+pub(crate) const CANCEL: Template = template!("cancel.sql");
+pub(crate) const GET: Template = template!("get.sql");
+pub(crate) const COUNTS: Template = template!("counts.sql");
+pub(crate) const SWEEP_FINISHED: Template = template!("sweep_finished.sql");
+pub(crate) const TABLE_COLUMNS: Template = template!("table_columns.sql");
+pub(crate) const TABLE_INDEXES: Template = template!("table_indexes.sql");
+pub(crate) const TABLE_ID_SEQUENCE: Template = template!("table_id_sequence.sql");
+pub(crate) const UPGRADE_LEGACY: Template = template!("upgrade_legacy.sql");
+
+/// The framework's migrations of a queue table, `(version, description, template)`, in order.
+/// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
+/// earlier releases applied, so their checksums hold); rendered for another name, a custom
+/// table's DDL.
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 1] = [(
+    20261130000001,
+    "queue jobs",
+    Template {
+        name: "20261130000001_queue_jobs.sql",
+        text: include_str!("../migrations/20261130000001_queue_jobs.sql"),
+    },
+)];
+
+/// The names of a queue table's columns.
+pub(crate) mod col {
+    pub(crate) const ID: &str = "id";
+    pub(crate) const QUEUE: &str = "queue";
+    pub(crate) const STATUS: &str = "status";
+    pub(crate) const PAYLOAD: &str = "payload";
+    pub(crate) const PRIORITY: &str = "priority";
+    pub(crate) const ATTEMPTS: &str = "attempts";
+    pub(crate) const RECLAIMS: &str = "reclaims";
+    pub(crate) const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
+    pub(crate) const CLAIMED_AT: &str = "claimed_at";
+    pub(crate) const CLAIM_GENERATION: &str = "claim_generation";
+    pub(crate) const LAST_ERROR: &str = "last_error";
+    pub(crate) const UNIQUE_KEY: &str = "unique_key";
+    pub(crate) const CREATED_AT: &str = "created_at";
+    pub(crate) const UPDATED_AT: &str = "updated_at";
+    pub(crate) const FINISHED_AT: &str = "finished_at";
+}
+
+/// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
+/// what the schema check requires, and what a job's row is read from. Adding a column is an
+/// entry here (and its field in the record), and a migration.
+pub(crate) const COLUMNS: [(&str, &str); 15] = [
+    (col::ID, "bigint"),
+    (col::QUEUE, "text"),
+    (col::STATUS, "text"),
+    (col::PAYLOAD, "jsonb"),
+    (col::PRIORITY, "smallint"),
+    (col::ATTEMPTS, "integer"),
+    (col::RECLAIMS, "integer"),
+    (col::NEXT_ATTEMPT_AT, "timestamp with time zone"),
+    (col::CLAIMED_AT, "timestamp with time zone"),
+    (col::CLAIM_GENERATION, "bigint"),
+    (col::LAST_ERROR, "text"),
+    (col::UNIQUE_KEY, "text"),
+    (col::CREATED_AT, "timestamp with time zone"),
+    (col::UPDATED_AT, "timestamp with time zone"),
+    (col::FINISHED_AT, "timestamp with time zone"),
+];
+
+/// Replaces every `{{name}}` of `template` by its value; a token left over (a name without a
+/// value, or a typo) is an error, never SQL sent to the server.
+pub(crate) fn render(template: Template, values: &[(&str, &str)]) -> Result<String, PgError> {
+    let mut text = template.text.to_owned();
+    for (name, value) in values {
+        text = text.replace(&format!("{{{{{name}}}}}"), value);
+    }
+    match text.find("{{") {
+        None => Ok(text),
+        Some(at) => {
+            let token = text[at..].split("}}").next().unwrap_or_default();
+            Err(PgError::Template {
+                template: template.name,
+                token: format!("{token}}}}}"),
+            })
+        }
+    }
+}
+
+/// Renders `template` for `table`.
+pub(crate) fn for_table(template: Template, table: &TableName) -> Result<String, PgError> {
+    let columns = COLUMNS.map(|(name, _)| name).join(", ");
+    render(
+        template,
+        &[("table", table.as_str()), ("columns", &columns)],
+    )
+}
+
+/// The statements of one table, rendered once per queue handle.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) lookup_unique: Arc<str>,
+    pub(crate) notify: Arc<str>,
+    pub(crate) claim: Arc<str>,
+    pub(crate) finalize: Arc<str>,
+    pub(crate) extend_lease: Arc<str>,
+    pub(crate) cancel: Arc<str>,
+    pub(crate) get: Arc<str>,
+    pub(crate) counts: Arc<str>,
+    pub(crate) sweep_finished: Arc<str>,
+}
+
+impl Sql {
+    pub(crate) fn new(table: &TableName) -> Result<Self, PgError> {
+        let r = |template| for_table(template, table).map(Arc::from);
+        Ok(Sql {
+            enqueue: r(ENQUEUE)?,
+            lookup_unique: r(LOOKUP_UNIQUE)?,
+            notify: r(NOTIFY)?,
+            claim: r(CLAIM)?,
+            finalize: r(FINALIZE)?,
+            extend_lease: r(EXTEND_LEASE)?,
+            cancel: r(CANCEL)?,
+            get: r(GET)?,
+            counts: r(COUNTS)?,
+            sweep_finished: r(SWEEP_FINISHED)?,
+        })
     }
 }
 
@@ -259,14 +158,22 @@ mod tests {
     use super::*;
 
     fn squash(sql: &str) -> String {
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+        sql.lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .flat_map(str::split_whitespace)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn queue_jobs(template: Template) -> String {
+        for_table(template, &TableName::default()).unwrap()
     }
 
     /// Pins the properties the lease protocol rests on; a change here is a change of the
     /// protocol and needs the conformance suite extended, not this test edited away.
     #[test]
     fn claim_statement_keeps_the_lease_protocol() {
-        let claim = squash(CLAIM);
+        let claim = squash(&queue_jobs(CLAIM));
         for needle in [
             "status = 'pending' AND next_attempt_at <= now()",
             "status = 'in_flight' AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
@@ -289,49 +196,46 @@ mod tests {
 
     #[test]
     fn every_lease_holder_write_is_fenced_on_status_and_generation() {
-        assert!(squash(FINALIZE).contains(
+        assert!(squash(&queue_jobs(FINALIZE)).contains(
             "WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation"
         ));
         assert!(
-            squash(EXTEND_LEASE)
+            squash(&queue_jobs(EXTEND_LEASE))
                 .contains("WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2")
         );
     }
 
     #[test]
-    fn finalize_kinds_match_the_core_names() {
-        use queue_core::{Finalize, RunAt};
-        let kinds = [
-            Finalize::Complete,
-            Finalize::FailTerminal {
-                error: String::new(),
-            },
-            Finalize::RetryAt {
-                at: RunAt::Now,
-                error: String::new(),
-            },
-            Finalize::Release,
-            Finalize::Cancel {
-                reason: String::new(),
-            },
-            Finalize::Bury {
-                reason: String::new(),
-            },
-        ];
-        for kind in kinds {
-            let quoted = format!("'{}'", kind.kind());
-            assert!(
-                FINALIZE.contains(&quoted),
-                "FINALIZE does not know {quoted}"
-            );
+    fn every_statement_renders_for_any_table_and_touches_only_the_table() {
+        let table = TableName::new("exchange_send_jobs").unwrap();
+        let sql = Sql::new(&table).unwrap();
+        assert!(sql.claim.contains("FROM \"exchange_send_jobs\""));
+        for text in [
+            &sql.enqueue,
+            &sql.claim,
+            &sql.finalize,
+            &sql.get,
+            &sql.cancel,
+        ] {
+            assert!(!text.contains("queue_jobs"), "{text}");
+            assert!(!text.contains("{{"), "{text}");
         }
+        assert!(sql.get.contains("SELECT id, queue, status, payload"));
     }
 
     #[test]
-    fn rendering_touches_only_the_table() {
-        let sql = Statements::new(&TableName::new("exchange_send_jobs").unwrap());
-        assert!(sql.claim.contains("FROM \"exchange_send_jobs\""));
-        assert!(!sql.claim.contains("queue_jobs"));
-        assert!(!sql.enqueue.contains("\"queue_jobs"));
+    fn a_leftover_token_is_refused() {
+        let template = Template {
+            name: "typo.sql",
+            text: "SELECT 1 FROM \"{{table}}\" WHERE queue = '{{queu}}'",
+        };
+        let err = render(template, &[("table", "jobs")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("typo.sql") && text.contains("{{queu}}"),
+            "{text}"
+        );
+        // The upgrade needs its queue: rendered for a table alone it is refused.
+        assert!(for_table(UPGRADE_LEGACY, &TableName::default()).is_err());
     }
 }

@@ -182,6 +182,12 @@ impl Drop for ScratchDb {
     }
 }
 
+/// The claim statement rendered for `table`, for tests that read its plan (`EXPLAIN`): `$1`
+/// queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap.
+pub fn claim_sql(table: &TableName) -> String {
+    crate::sql::for_table(crate::sql::CLAIM, table).expect("the claim renders for any table")
+}
+
 /// Moves every stored instant of a queue table back by `by`: to its rows, the database clock
 /// moved forward. The backend reads only `now()`, so this is how tests expire leases and bring
 /// scheduled jobs due without sleeping.

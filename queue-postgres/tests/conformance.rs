@@ -7,43 +7,35 @@ use std::time::Duration;
 
 use queue_core::JobId;
 use queue_core::conformance::Harness;
-use queue_postgres::PgQueue;
+use queue_postgres::PostgresQueue;
 use serde_json::Value;
-use support::TestDb;
+use support::{TestDb, TestDriver};
 
-/// What both harnesses share: the scratch database and its time travel.
-async fn age(db: &TestDb, by: Duration) {
-    support::shift_time(&db.pool, "queue_jobs", by).await;
-}
-
-async fn legacy(db: &TestDb, payload: Value) -> JobId {
-    support::insert_legacy_in_flight(&db.pool, "queue_jobs", "default", payload).await
-}
-
-struct Sqlx {
+/// A scratch database with the framework's migrations, and a queue on its standard table.
+struct Pg<D: TestDriver> {
     db: TestDb,
-    queue: PgQueue,
+    queue: PostgresQueue<D>,
 }
 
-impl Harness for Sqlx {
-    type Backend = PgQueue;
+impl<D: TestDriver> Harness for Pg<D> {
+    type Backend = PostgresQueue<D>;
 
     async fn setup() -> Self {
         let db = TestDb::new().await;
-        let queue = db.queue().await;
-        Sqlx { db, queue }
+        let queue = support::connect_default(&db).await;
+        Pg { db, queue }
     }
 
-    fn backend(&self) -> &PgQueue {
+    fn backend(&self) -> &PostgresQueue<D> {
         &self.queue
     }
 
     async fn advance_clock(&self, by: Duration) {
-        age(&self.db, by).await;
+        support::shift_time(&self.db.pool, "queue_jobs", by).await;
     }
 
     async fn insert_legacy_in_flight(&self, payload: Value) -> JobId {
-        legacy(&self.db, payload).await
+        support::insert_legacy_in_flight(&self.db.pool, "queue_jobs", "default", payload).await
     }
 
     async fn teardown(&self) {
@@ -52,43 +44,10 @@ impl Harness for Sqlx {
 }
 
 mod sqlx_driver {
-    queue_core::conformance_suite!(super::Sqlx);
-}
-
-#[cfg(feature = "tokio-postgres")]
-struct TokioPostgres {
-    db: TestDb,
-    queue: queue_postgres::TpQueue,
-}
-
-#[cfg(feature = "tokio-postgres")]
-impl Harness for TokioPostgres {
-    type Backend = queue_postgres::TpQueue;
-
-    async fn setup() -> Self {
-        let db = TestDb::new().await;
-        let queue = <support::TokioPostgres as support::Driver>::connect_default(&db).await;
-        TokioPostgres { db, queue }
-    }
-
-    fn backend(&self) -> &queue_postgres::TpQueue {
-        &self.queue
-    }
-
-    async fn advance_clock(&self, by: Duration) {
-        age(&self.db, by).await;
-    }
-
-    async fn insert_legacy_in_flight(&self, payload: Value) -> JobId {
-        legacy(&self.db, payload).await
-    }
-
-    async fn teardown(&self) {
-        self.db.drop_db().await;
-    }
+    queue_core::conformance_suite!(super::Pg<queue_postgres::Sqlx>);
 }
 
 #[cfg(feature = "tokio-postgres")]
 mod tokio_postgres_driver {
-    queue_core::conformance_suite!(super::TokioPostgres);
+    queue_core::conformance_suite!(super::Pg<queue_postgres::TokioPostgres>);
 }

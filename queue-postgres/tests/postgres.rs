@@ -11,11 +11,11 @@ use queue_core::{
     Backend, BackendTx, Claim, ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, Handler,
     JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, Worker, WorkerConfig,
 };
-use queue_postgres::{PgError, PgQueue, PgQueueConfig, TableName};
+use queue_postgres::{PgError, PgQueueConfig, PostgresQueue, TableName};
 use serde_json::{Value, json};
 use sqlx::Row;
 use sqlx::postgres::PgPoolOptions;
-use support::{Driver, TestDb};
+use support::{TestDb, TestDriver};
 
 per_driver!(
     two_connections_racing_claims_take_each_job_once,
@@ -33,14 +33,39 @@ per_driver!(
     a_worker_without_listen_finds_work_by_polling,
 );
 
+/// The server process of a transaction's connection.
+async fn backend_pid<D: TestDriver>(tx: &mut queue_postgres::PostgresTx<D>) -> i32 {
+    let rows = tx
+        .query("SELECT pg_backend_pid() AS pid", ())
+        .await
+        .unwrap();
+    rows[0].get("pid").unwrap()
+}
+
+/// In the queue's transaction: the fenced writes, then a domain write
+/// (`INSERT INTO outbox VALUES (job_id)`), then commit.
+async fn finalize_with_domain_write<D: TestDriver>(
+    queue: &PostgresQueue<D>,
+    items: &[(Claim, Finalize)],
+    job_id: i64,
+) -> Vec<FinalizeOutcome> {
+    let mut tx = queue.begin().await.unwrap();
+    let outcomes = queue.finalize_with(tx.conn(), items).await.unwrap();
+    tx.execute("INSERT INTO outbox VALUES ($1)", (job_id,))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    outcomes
+}
+
 fn req(batch: u32) -> ClaimRequest {
     ClaimRequest::new(batch, Lease::DEFAULT)
 }
 
 /// `tasks` claimers, each on its own single-connection pool, drain `jobs` jobs.
-async fn race_on_separate_connections<D: Driver>(tasks: usize, jobs: usize, batch: u32) {
+async fn race_on_separate_connections<D: TestDriver>(tasks: usize, jobs: usize, batch: u32) {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     let ids: HashSet<JobId> = queue
         .enqueue_many(
             (0..jobs)
@@ -58,7 +83,7 @@ async fn race_on_separate_connections<D: Driver>(tasks: usize, jobs: usize, batc
             listen: false,
             ..PgQueueConfig::default()
         };
-        let worker = D::connect_single(&db, config).await;
+        let worker = support::connect_single::<D>(&db, config).await;
         set.spawn(async move {
             let mut taken = Vec::new();
             loop {
@@ -98,17 +123,17 @@ async fn race_on_separate_connections<D: Driver>(tasks: usize, jobs: usize, batc
     db.drop_db().await;
 }
 
-async fn two_connections_racing_claims_take_each_job_once<D: Driver>() {
+async fn two_connections_racing_claims_take_each_job_once<D: TestDriver>() {
     race_on_separate_connections::<D>(2, 600, 10).await;
 }
 
-async fn eight_connections_racing_claims_take_each_job_once<D: Driver>() {
+async fn eight_connections_racing_claims_take_each_job_once<D: TestDriver>() {
     race_on_separate_connections::<D>(8, 1200, 7).await;
 }
 
-async fn a_connection_killed_during_finalize_loses_nothing<D: Driver>() {
+async fn a_connection_killed_during_finalize_loses_nothing<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     let id = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
@@ -117,7 +142,7 @@ async fn a_connection_killed_during_finalize_loses_nothing<D: Driver>() {
     let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
 
     let mut tx = queue.begin().await.unwrap();
-    let pid = D::backend_pid(&mut tx).await;
+    let pid = backend_pid(&mut tx).await;
     let outcome = queue
         .finalize_in(&mut tx, job.claim(), &Finalize::Complete)
         .await
@@ -183,7 +208,9 @@ INSERT INTO invoice_jobs (invoice_id, status, attempts, next_attempt_at) VALUES
     (3, 'pending',   0, now() - interval '5 minutes');
 "#;
 
-async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows<D: Driver>() {
+async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows<
+    D: TestDriver,
+>() {
     let db = TestDb::empty().await;
     sqlx::raw_sql(PRE_LEASE_TABLE)
         .execute(&db.pool)
@@ -193,7 +220,9 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     let queue_name = QueueName::new("invoices").unwrap();
     let config = PgQueueConfig::new(table.clone(), queue_name.clone());
 
-    let err = D::connect(&db, config.clone()).await.unwrap_err();
+    let err = support::connect::<D>(&db, config.clone())
+        .await
+        .unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, PgError::Schema { .. }), "{err}");
     for named in [
@@ -207,9 +236,14 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         );
     }
 
-    D::upgrade_legacy(&db, &table, &queue_name, Some("invoice_jobs_stuck"))
-        .await
-        .unwrap();
+    PostgresQueue::<D>::upgrade_legacy_table(
+        &support::pool::<D>(&db, 1),
+        &table,
+        &queue_name,
+        Some("invoice_jobs_stuck"),
+    )
+    .await
+    .unwrap();
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexname::text FROM pg_indexes WHERE tablename = 'invoice_jobs'",
     )
@@ -229,7 +263,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     .unwrap();
     assert_eq!(unstamped, 2, "the upgrade must not backfill claimed_at");
 
-    let queue = D::connect(&db, config)
+    let queue = support::connect::<D>(&db, config)
         .await
         .expect("upgraded table passes");
     let claimed = queue.claim(req(10)).await.unwrap().jobs;
@@ -242,9 +276,14 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     assert_eq!(legacy.len(), 2);
     assert!(legacy.iter().all(|j| j.generation == ClaimGeneration(1)));
     // The upgrade is idempotent.
-    D::upgrade_legacy(&db, &table, &queue_name, None)
-        .await
-        .unwrap();
+    PostgresQueue::<D>::upgrade_legacy_table(
+        &support::pool::<D>(&db, 1),
+        &table,
+        &queue_name,
+        None,
+    )
+    .await
+    .unwrap();
     db.drop_db().await;
 }
 
@@ -274,10 +313,10 @@ async fn an_invalid_table_name_is_rejected_before_any_sql_runs() {
     assert_eq!(unreachable.size(), 0, "no connection was attempted");
 }
 
-async fn schema_check_names_a_missing_table<D: Driver>() {
+async fn schema_check_names_a_missing_table<D: TestDriver>() {
     let db = TestDb::new().await;
     let config = PgQueueConfig::new(TableName::new("nowhere").unwrap(), QueueName::default());
-    let err = D::connect(&db, config).await.unwrap_err();
+    let err = support::connect::<D>(&db, config).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
     db.drop_db().await;
 }
@@ -292,8 +331,9 @@ fn nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
-async fn explain_claim(db: &TestDb, queue: &PgQueue) -> Value {
-    let sql = format!("EXPLAIN (FORMAT JSON) {}", queue.statements().claim);
+async fn explain_claim(db: &TestDb) -> Value {
+    let claim = queue_postgres::testing::claim_sql(&TableName::default());
+    let sql = format!("EXPLAIN (FORMAT JSON) {claim}");
     let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind("default")
         .bind(1_i64)
@@ -355,7 +395,7 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
     .execute(&db.pool)
     .await
     .unwrap();
-    assert_picks_are_index_backed(&explain_claim(&db, &queue).await);
+    assert_picks_are_index_backed(&explain_claim(&db).await);
     // And the claim really takes the oldest due job.
     let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
     assert_eq!(job.payload, json!({ "n": 200000 }));
@@ -407,15 +447,18 @@ async fn wait_for_listener(db: &TestDb, not: Option<i32>) -> i32 {
     .expect("the listener did not (re)connect")
 }
 
-async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: Driver>() {
+async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     let first = wait_for_listener(&db, None).await;
     let worker = Worker::new(queue.clone(), Done, idle_worker_config())
         .unwrap()
         .start();
     // Let the worker make its first empty claim and go idle.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker
+        .wait_for_timeout(Duration::from_secs(10), |s| s.claim_passes >= 1)
+        .await
+        .expect("the worker's first claim");
     queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -425,6 +468,7 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: Driver>()
     .expect("NOTIFY did not wake the idle worker");
 
     // Kill the listener's connection: it must come back and listen again.
+    let passes = worker.stats().claim_passes;
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(first)
         .fetch_one(&db.pool)
@@ -432,7 +476,11 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: Driver>()
         .unwrap();
     assert!(killed);
     wait_for_listener(&db, Some(first)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The lost connection and the new one each wake the worker for a poll: let it be idle again.
+    worker
+        .wait_for_timeout(Duration::from_secs(10), |s| s.claim_passes > passes)
+        .await
+        .expect("a poll after the listener came back");
     queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -444,13 +492,13 @@ async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: Driver>()
     db.drop_db().await;
 }
 
-async fn notify_is_sent_on_commit_only<D: Driver>() {
+async fn notify_is_sent_on_commit_only<D: TestDriver>() {
     let db = TestDb::new().await;
     let config = PgQueueConfig {
         listen: false,
         ..PgQueueConfig::default()
     };
-    let queue = D::connect(&db, config).await.unwrap();
+    let queue = support::connect::<D>(&db, config).await.unwrap();
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
         .await
         .unwrap();
@@ -482,9 +530,9 @@ async fn notify_is_sent_on_commit_only<D: Driver>() {
     db.drop_db().await;
 }
 
-async fn concurrent_enqueues_of_one_unique_key_insert_once<D: Driver>() {
+async fn concurrent_enqueues_of_one_unique_key_insert_once<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let q = queue.clone();
@@ -505,18 +553,22 @@ async fn concurrent_enqueues_of_one_unique_key_insert_once<D: Driver>() {
     db.drop_db().await;
 }
 
-async fn a_custom_table_works_and_keeps_its_queues_apart<D: Driver>() {
+async fn a_custom_table_works_and_keeps_its_queues_apart<D: TestDriver>() {
     let db = TestDb::new().await;
     let table = TableName::new("mail_jobs").unwrap();
-    D::install_table(&db, &table).await.unwrap();
-    D::install_table(&db, &table).await.expect("idempotent");
-    let mail = D::connect(
+    PostgresQueue::<D>::install_table(&support::pool::<D>(&db, 1), &table)
+        .await
+        .unwrap();
+    PostgresQueue::<D>::install_table(&support::pool::<D>(&db, 1), &table)
+        .await
+        .expect("idempotent");
+    let mail = support::connect::<D>(
         &db,
         PgQueueConfig::new(table.clone(), QueueName::new("mail").unwrap()),
     )
     .await
     .unwrap();
-    let sms = D::connect(
+    let sms = support::connect::<D>(
         &db,
         PgQueueConfig::new(table, QueueName::new("sms").unwrap()),
     )
@@ -548,9 +600,9 @@ async fn a_custom_table_works_and_keeps_its_queues_apart<D: Driver>() {
     db.drop_db().await;
 }
 
-async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else<D: Driver>() {
+async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     queue
         .enqueue_many(
             (0..25)
@@ -575,7 +627,10 @@ async fn retention_sweeps_old_terminal_rows_in_batches_and_nothing_else<D: Drive
             .unwrap()
             .is_applied()
     );
-    let deleted = D::sweep(&queue, Duration::from_secs(86400), 7).await;
+    let deleted = queue
+        .sweep_finished(Duration::from_secs(86400), 7)
+        .await
+        .unwrap();
     assert_eq!(deleted, 20);
     let counts = queue.counts().await.unwrap();
     assert_eq!((counts.completed, counts.pending), (1, 4));
@@ -612,9 +667,9 @@ async fn framework_migrations_coexist_with_a_services_own_migrator() {
     db.drop_db().await;
 }
 
-async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: Driver>() {
+async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = D::connect_default(&db).await;
+    let queue = support::connect_default::<D>(&db).await;
     let id = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
@@ -632,7 +687,7 @@ async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: Driver>()
         (old.claim(), Finalize::Complete),
         (new.claim(), Finalize::Complete),
     ];
-    let outcomes = D::finalize_with_domain_write(&db, &queue, &items, id.0).await;
+    let outcomes = finalize_with_domain_write(&queue, &items, id.0).await;
     assert_eq!(
         outcomes,
         vec![FinalizeOutcome::Stale, FinalizeOutcome::Applied]
@@ -651,19 +706,22 @@ async fn a_stale_finalize_in_the_callers_transaction_writes_nothing<D: Driver>()
     db.drop_db().await;
 }
 
-async fn connecting_to_a_stopped_server_is_a_transient_error<D: Driver>() {
-    let err = D::check_unreachable().await;
+async fn connecting_to_a_stopped_server_is_a_transient_error<D: TestDriver>() {
+    let unreachable = D::pool("postgres://postgres@127.0.0.1:1/none", 1);
+    let err = PostgresQueue::<D>::check_schema(&unreachable, &TableName::default())
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
 }
 
 /// The fallback: with no `LISTEN` connection at all, the poll finds the work.
-async fn a_worker_without_listen_finds_work_by_polling<D: Driver>() {
+async fn a_worker_without_listen_finds_work_by_polling<D: TestDriver>() {
     let db = TestDb::new().await;
     let config = PgQueueConfig {
         listen: false,
         ..PgQueueConfig::default()
     };
-    let queue = D::connect(&db, config).await.unwrap();
+    let queue = support::connect::<D>(&db, config).await.unwrap();
     assert!(queue.wake_signal().is_none());
     let worker_config = WorkerConfig {
         poll_interval: Duration::from_millis(50),

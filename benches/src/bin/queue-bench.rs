@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use queue_core::{Backend, Handler, JobContext, JobError, NewJob, Worker, WorkerConfig};
 use queue_postgres::testing::ScratchDb;
-use queue_postgres::{PgQueue, PgQueueConfig, TpQueue};
+use queue_postgres::{PgQueue, PgQueueConfig, TokioPostgresQueue};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -211,12 +211,12 @@ async fn latency_run<B: Backend>(o: &Options, queue: B) -> (f64, f64) {
 }
 
 /// A handle on `db`'s standard table through the driver the options name.
-async fn tp_queue(db: &ScratchDb, listen: bool) -> TpQueue {
+async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
     let config = PgQueueConfig {
         listen,
         ..PgQueueConfig::default()
     };
-    TpQueue::connect(
+    TokioPostgresQueue::connect(
         db.tokio_postgres_pool(12),
         config,
         db.tokio_postgres_config(),

@@ -5,10 +5,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use queue_core::{
-    Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks, MemoryBackend, MemoryTx,
-    NewJob,
+    Backend, BackendTx, BoxError, ClaimedJob, FinalizeEvent, FinalizeHook, Hooks, MemoryBackend,
+    MemoryTx, NewJob,
 };
 
 use super::{
@@ -21,10 +20,9 @@ struct Domain {
     next_id: i64,
     next_key: u64,
     transactions: BTreeMap<i64, TransactionView>,
+    /// Each send job's transaction: the link a send-jobs table keeps in a column.
+    jobs: HashMap<i64, i64>,
     outbox: Vec<EventView>,
-    /// The transactions whose status the terminal guard stamped in the open queue transaction
-    /// (the store's lock serialises them): the outbox stages only for these.
-    stamped_now: HashSet<i64>,
 }
 
 impl Domain {
@@ -68,104 +66,91 @@ impl MemExchange {
         }
         let previous = row.status;
         row.status = status;
-        domain.stamped_now.insert(id);
-        let (undo, done) = (self.domain.clone(), self.domain.clone());
+        let undo = self.domain.clone();
         tx.on_rollback(move || {
-            let mut domain = undo.lock().unwrap();
-            domain.stamped_now.remove(&id);
-            if let Some(row) = domain.transactions.get_mut(&id) {
+            if let Some(row) = undo.lock().unwrap().transactions.get_mut(&id) {
                 row.status = previous;
             }
-        });
-        tx.on_commit(move || {
-            done.lock().unwrap().stamped_now.remove(&id);
         });
         true
     }
 
-    fn payload(view: &TransactionView) -> SendPayload {
-        SendPayload {
-            transaction_id: view.id,
-            correlation_id: view.correlation_id.clone(),
-            partner: view.partner.clone(),
-            amount_minor: view.amount_minor,
-        }
-    }
-}
-
-struct MemTerminalGuard(MemExchange);
-
-#[async_trait]
-impl FinalizeHook<MemoryBackend> for MemTerminalGuard {
-    fn name(&self) -> &str {
-        "exchange.terminal_guard"
-    }
-
-    async fn after_applied(
-        &self,
-        tx: &mut MemoryTx,
-        event: &FinalizeEvent<'_>,
-    ) -> Result<(), BoxError> {
-        let Some((_, status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
-        let id = transaction_of(event)?;
-        if !self.0.stamp_transaction(tx, id, status) {
-            guard_refused(id, status, event.job.id.0);
-        }
-        Ok(())
-    }
-}
-
-struct MemOutboxStager(MemExchange);
-
-#[async_trait]
-impl FinalizeHook<MemoryBackend> for MemOutboxStager {
-    fn name(&self) -> &str {
-        "exchange.outbox"
-    }
-
-    async fn after_applied(
-        &self,
-        tx: &mut MemoryTx,
-        event: &FinalizeEvent<'_>,
-    ) -> Result<(), BoxError> {
-        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
-        let id = transaction_of(event)?;
-        let mut domain = self.0.domain.lock().unwrap();
-        if !domain.stamped_now.contains(&id) {
-            // The guard refused (or nothing was stamped in this transaction): no event.
-            return Ok(());
-        }
-        let Some(row) = domain
-            .transactions
-            .get(&id)
-            .filter(|row| row.status == status)
-        else {
-            return Ok(());
+    /// Stages an event for transaction `id` inside `tx` (taken back if it rolls back).
+    fn stage(&self, tx: &mut MemoryTx, id: i64, event_type: EventType, job: &ClaimedJob) {
+        let mut domain = self.domain.lock().unwrap();
+        let Some(row) = domain.transactions.get(&id) else {
+            return;
         };
         let staged = EventView {
             event_type,
             transaction_id: id,
             correlation_id: row.correlation_id.clone(),
-            send_job_id: event.job.id.0,
-            claim_generation: event.job.generation.0,
+            send_job_id: job.id.0,
+            claim_generation: job.generation.0,
         };
         domain.outbox.push(staged);
-        let undo = self.0.domain.clone();
+        let undo = self.domain.clone();
         tx.on_rollback(move || {
             undo.lock().unwrap().outbox.pop();
         });
-        Ok(())
+    }
+
+    /// Enqueues the send job of `view` inside `tx` and links it to its transaction.
+    async fn enqueue_send(
+        &self,
+        tx: &mut MemoryTx,
+        view: &TransactionView,
+    ) -> Result<i64, ExchangeError> {
+        let payload = SendPayload {
+            transaction_id: view.id,
+            correlation_id: view.correlation_id.clone(),
+            partner: view.partner.clone(),
+            amount_minor: view.amount_minor,
+        };
+        let job = self
+            .queue
+            .enqueue_in(tx, NewJob::new(&payload)?)
+            .await?
+            .id
+            .0;
+        self.domain.lock().unwrap().jobs.insert(job, view.id);
+        let undo = self.domain.clone();
+        tx.on_rollback(move || {
+            undo.lock().unwrap().jobs.remove(&job);
+        });
+        Ok(job)
     }
 }
 
-fn transaction_of(event: &FinalizeEvent<'_>) -> Result<i64, BoxError> {
-    event.job.payload["transaction_id"]
-        .as_i64()
-        .ok_or_else(|| "send job payload has no transaction_id".into())
+/// The send job's outcome on the domain: stamps the job's transaction through the terminal
+/// guard and stages the event only when the stamp applied, in the queue's transaction.
+struct SendOutcome(MemExchange);
+
+impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
+    fn name(&self) -> &str {
+        "exchange.send_outcome"
+    }
+
+    async fn after_applied(
+        &self,
+        tx: &mut MemoryTx,
+        event: &FinalizeEvent<'_, SendPayload>,
+    ) -> Result<(), BoxError> {
+        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
+            return Ok(());
+        };
+        let job = event.job;
+        let linked = self.0.domain.lock().unwrap().jobs.get(&job.id.0).copied();
+        let Some(id) = linked else {
+            return Err(format!("send job {} has no transaction", job.id).into());
+        };
+        if self.0.stamp_transaction(tx, id, status) {
+            self.0.stage(tx, id, event_type, job);
+        } else {
+            guard_refused(id, status, job.id.0);
+        }
+        Ok(())
+    }
 }
 
 impl ExchangeStore for MemExchange {
@@ -175,10 +160,8 @@ impl ExchangeStore for MemExchange {
         &self.queue
     }
 
-    fn hooks(&self) -> Hooks<MemoryBackend> {
-        Hooks::new()
-            .with(MemTerminalGuard(self.clone()))
-            .with(MemOutboxStager(self.clone()))
+    fn hooks(&self) -> Hooks<MemoryTx, SendPayload> {
+        Hooks::new().with(SendOutcome(self.clone()))
     }
 
     async fn create_transactions(
@@ -207,9 +190,7 @@ impl ExchangeStore for MemExchange {
             tx.on_rollback(move || {
                 undo.lock().unwrap().transactions.remove(&id);
             });
-            self.queue
-                .enqueue_in(&mut tx, NewJob::new(&Self::payload(&view))?)
-                .await?;
+            self.enqueue_send(&mut tx, &view).await?;
             ids.push(id);
         }
         tx.commit().await?;
@@ -238,12 +219,7 @@ impl ExchangeStore for MemExchange {
             });
             view
         };
-        let send_job_id = self
-            .queue
-            .enqueue_in(&mut tx, NewJob::new(&Self::payload(&view))?)
-            .await?
-            .id
-            .0;
+        let send_job_id = self.enqueue_send(&mut tx, &view).await?;
         tx.commit().await?;
         Ok(RetryOutcome::Retried {
             send_job_id,

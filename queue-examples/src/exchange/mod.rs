@@ -5,8 +5,9 @@
 //! * [`SendHandler`] sends one transmission through its partner's adapter.
 //! * [`ExchangeStore`] is the domain storage with two implementations, [`PgExchange`] (the
 //!   `migrations/` schema, the pre-lease table upgraded) and [`MemExchange`] (in process).
-//! * Each store provides two finalize hooks: the terminal guard (the seed's D5: no
-//!   success↔failed flip) and the outbox stager (`exchange.sent` / `exchange.failed`).
+//! * Each store provides one finalize hook, the send outcome: it stamps the job's transaction
+//!   through the terminal guard (no success↔failed flip) and stages `exchange.sent` /
+//!   `exchange.failed` only when that stamp applied, in the finalize transaction.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,7 +28,7 @@ mod pg;
 
 pub use http::HttpPartner;
 pub use memory::MemExchange;
-pub use pg::{MIGRATOR, PgExchange, StampOutcome, stamp_transaction};
+pub use pg::{MIGRATOR, PgExchange, StampOutcome, send_queue_config};
 
 /// The queue name of send jobs.
 pub const QUEUE: &str = "exchange.send";
@@ -118,10 +119,10 @@ impl EventType {
         use queue_core::Finalize;
         match action {
             Finalize::Complete => Some((EventType::Sent, TransactionStatus::Success)),
-            Finalize::FailTerminal { .. } | Finalize::Cancel { .. } | Finalize::Bury { .. } => {
+            Finalize::Fail { .. } | Finalize::Cancel { .. } | Finalize::Dead { .. } => {
                 Some((EventType::Failed, TransactionStatus::Failed))
             }
-            Finalize::RetryAt { .. } | Finalize::Release => None,
+            Finalize::Retry { .. } | Finalize::Release => None,
         }
     }
 }
@@ -247,7 +248,7 @@ impl SendError {
     pub fn into_job_error(self) -> JobError {
         match self {
             SendError::Status(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
-                JobError::fatal(self)
+                JobError::fail(self)
             }
             other => JobError::retry(other),
         }
@@ -374,7 +375,7 @@ impl Handler for SendHandler {
         let partner = self
             .partners
             .resolve(&payload.partner)
-            .map_err(JobError::fatal)?;
+            .map_err(JobError::fail)?;
         let timeout = partner.send_timeout();
         if ctx.lease_remaining() < timeout {
             // A send that could outlive the lease could race a second sender: do not start it.
@@ -463,8 +464,9 @@ pub trait ExchangeStore: Clone + Send + Sync + 'static {
     /// The send queue.
     fn queue(&self) -> &Self::Backend;
 
-    /// The finalize hooks: the terminal guard, then the outbox stager.
-    fn hooks(&self) -> Hooks<Self::Backend>;
+    /// The finalize hooks: the send outcome (the transaction stamped through the terminal
+    /// guard, and its event staged only if that stamp applied).
+    fn hooks(&self) -> Hooks<<Self::Backend as Backend>::Tx, SendPayload>;
 
     /// Creates transactions (partner, amount) with one send job each, in one transaction.
     /// Returns the transaction ids.
@@ -547,7 +549,7 @@ mod tests {
         use queue_core::ErrorAction;
         assert_eq!(
             SendError::Status(422).into_job_error().action(),
-            ErrorAction::Fatal
+            ErrorAction::Fail
         );
         assert_eq!(
             SendError::Status(429).into_job_error().action(),

@@ -1,18 +1,18 @@
 //! The exchange on PostgreSQL: the schema of the top-level `migrations/`, the send queue on the
-//! upgraded legacy table `exchange_send_jobs`.
+//! upgraded legacy table `exchange_send_jobs`. Written once for both drivers (sqlx and
+//! tokio-postgres): every statement runs through the queue's driver-neutral
+//! [`PostgresTx::query`].
 
 use std::sync::LazyLock;
 
-use async_trait::async_trait;
-use queue_core::{BoxError, FinalizeEvent, FinalizeHook, Hooks};
-use queue_postgres::{PgQueue, PgQueueConfig, PgTx, TableName};
+use queue_core::{Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks};
+use queue_postgres::{Driver, PgQueueConfig, PostgresQueue, PostgresTx, Row, Sqlx, TableName};
+use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgConnection;
-use sqlx::{PgPool, Row};
 
 use super::{
     EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, QUEUE, RetryOutcome,
-    SEND_JOBS_TABLE, TransactionStatus, TransactionView, guard_refused, queue_name,
+    SEND_JOBS_TABLE, SendPayload, TransactionStatus, TransactionView, guard_refused, queue_name,
 };
 
 /// The exchange's migrations (the service's own migrator, `_sqlx_migrations`), from the
@@ -36,21 +36,36 @@ j AS (
 SELECT transaction_id FROM j ORDER BY transaction_id
 "#;
 
-/// The terminal guard (the seed's D5): a terminal status never flips to another terminal one.
-/// `$1` transaction, `$2` the status wanted.
+/// The terminal guard: a terminal status never flips to another terminal one. `$1`
+/// transaction, `$2` the status wanted.
 const STAMP_GUARDED: &str = r#"
 UPDATE exchange_transactions SET status = $2, updated_at = now()
 WHERE id = $1 AND ($2 NOT IN ('success', 'failed') OR status NOT IN ('success', 'failed'))
 "#;
 
-/// Stages an event only if this very transaction's guard stamped the status the outcome leads
-/// to (`updated_at = now()`: `now()` is the transaction's start, the same for both hooks), so a
-/// guard that refused, even a same-status refusal, stops the event. `$1` transaction, `$2` event
-/// type, `$3` job, `$4` generation, `$5` the status the outcome leads to.
-const STAGE_EVENT: &str = r#"
-INSERT INTO exchange_outbox (event_type, transaction_id, correlation_id, send_job_id, claim_generation)
-SELECT $2, id, correlation_id, $3, $4 FROM exchange_transactions
-WHERE id = $1 AND status = $5 AND updated_at = now()
+/// A send job's outcome on its transaction, in the finalize transaction: the transaction the
+/// job row belongs to (its own `transaction_id` column, whatever the payload says) is stamped
+/// through the terminal guard, and the event is staged only if this stamp applied. `$1` send
+/// job, `$2` claim generation, `$3` the status the outcome leads to, `$4` event type. Returns
+/// the transaction and whether it was stamped; no row when the job has no transaction.
+const SEND_OUTCOME: &str = r#"
+WITH job AS (
+    SELECT transaction_id FROM exchange_send_jobs WHERE id = $1
+),
+stamped AS (
+    UPDATE exchange_transactions AS t SET status = $3, updated_at = now()
+    FROM job
+    WHERE t.id = job.transaction_id AND t.status NOT IN ('success', 'failed')
+    RETURNING t.id, t.correlation_id
+),
+staged AS (
+    INSERT INTO exchange_outbox (event_type, transaction_id, correlation_id, send_job_id,
+                                 claim_generation)
+    SELECT $4, id, correlation_id, $1, $2 FROM stamped
+    RETURNING transaction_id
+)
+SELECT job.transaction_id, EXISTS (SELECT 1 FROM staged) AS stamped
+FROM job JOIN exchange_transactions AS t ON t.id = job.transaction_id
 "#;
 
 /// The guarded exit from `failed` with a new idempotency key. `$1` transaction.
@@ -82,14 +97,15 @@ FROM exchange_outbox WHERE transaction_id = $1 ORDER BY id
 
 const SUMMARY: &str = r#"
 SELECT
-    (SELECT count(*) FROM exchange_transactions WHERE status = 'pending'),
-    (SELECT count(*) FROM exchange_transactions WHERE status = 'success'),
-    (SELECT count(*) FROM exchange_transactions WHERE status = 'failed'),
-    (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.sent'),
-    (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.failed'),
+    (SELECT count(*) FROM exchange_transactions WHERE status = 'pending') AS pending,
+    (SELECT count(*) FROM exchange_transactions WHERE status = 'success') AS success,
+    (SELECT count(*) FROM exchange_transactions WHERE status = 'failed') AS failed,
+    (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.sent') AS sent_events,
+    (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.failed') AS failed_events,
     (SELECT count(*) FROM (SELECT correlation_id FROM exchange_outbox GROUP BY correlation_id
-                           HAVING count(DISTINCT event_type) > 1) AS conflicting),
+                           HAVING count(DISTINCT event_type) > 1) AS c) AS conflicting_events,
     (SELECT count(*) - count(DISTINCT (correlation_id, event_type)) FROM exchange_outbox)
+        AS duplicate_events
 "#;
 
 /// What the guarded stamp did.
@@ -101,34 +117,39 @@ pub enum StampOutcome {
     Refused,
 }
 
-/// Stamps a transaction's status through the terminal guard, on the caller's connection.
-pub async fn stamp_transaction(
-    conn: &mut PgConnection,
-    transaction_id: i64,
-    status: TransactionStatus,
-) -> Result<StampOutcome, sqlx::Error> {
-    let done = sqlx::query(STAMP_GUARDED)
-        .bind(transaction_id)
-        .bind(status.as_str())
-        .execute(conn)
-        .await?;
-    Ok(if done.rows_affected() == 1 {
-        StampOutcome::Applied
-    } else {
-        StampOutcome::Refused
-    })
+/// The exchange on PostgreSQL, on either driver (sqlx by default).
+pub struct PgExchange<D: Driver = Sqlx> {
+    queue: PostgresQueue<D>,
 }
 
-/// The exchange on PostgreSQL.
-#[derive(Clone, Debug)]
-pub struct PgExchange {
-    queue: PgQueue,
+impl<D: Driver> Clone for PgExchange<D> {
+    fn clone(&self) -> Self {
+        PgExchange {
+            queue: self.queue.clone(),
+        }
+    }
 }
 
-impl PgExchange {
+impl<D: Driver> std::fmt::Debug for PgExchange<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgExchange")
+            .field("queue", &self.queue)
+            .finish()
+    }
+}
+
+/// The send queue's configuration: the upgraded legacy table, the exchange's queue name.
+pub fn send_queue_config() -> Result<PgQueueConfig, ExchangeError> {
+    Ok(PgQueueConfig::new(
+        TableName::new(SEND_JOBS_TABLE)?,
+        queue_name(),
+    ))
+}
+
+impl PgExchange<Sqlx> {
     /// Applies the exchange's migrations to `pool` and opens the send queue (checking its
     /// lease schema).
-    pub async fn migrate_and_connect(pool: PgPool) -> Result<PgExchange, ExchangeError> {
+    pub async fn migrate_and_connect(pool: PgPool) -> Result<Self, ExchangeError> {
         MIGRATOR
             .run(&pool)
             .await
@@ -137,88 +158,115 @@ impl PgExchange {
     }
 
     /// Opens the send queue; refuses a database whose send-jobs table lacks the lease schema.
-    pub async fn connect(pool: PgPool) -> Result<PgExchange, ExchangeError> {
-        let table = TableName::new(SEND_JOBS_TABLE)?;
-        let queue = PgQueue::connect(pool, PgQueueConfig::new(table, queue_name())).await?;
+    pub async fn connect(pool: PgPool) -> Result<Self, ExchangeError> {
+        let queue = PostgresQueue::<Sqlx>::connect(pool, send_queue_config()?).await?;
         Ok(PgExchange { queue })
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        self.queue.pool()
     }
 }
 
-/// Stamps the transaction's status after the job's outcome applied; a refusal is logged, not an
-/// error (the job's fenced write is the source of truth).
-struct PgTerminalGuard;
+impl<D: Driver> PgExchange<D> {
+    /// The exchange on a send queue opened by the caller (any driver; its table must be the
+    /// exchange's, see [`send_queue_config`]).
+    pub fn from_queue(queue: PostgresQueue<D>) -> Self {
+        PgExchange { queue }
+    }
 
-#[async_trait]
-impl FinalizeHook<PgQueue> for PgTerminalGuard {
+    /// The pool.
+    pub fn pool(&self) -> &D::Pool {
+        self.queue.pool()
+    }
+
+    /// Stamps a transaction's status through the terminal guard, in `tx`.
+    pub async fn stamp_transaction(
+        &self,
+        tx: &mut PostgresTx<D>,
+        transaction_id: i64,
+        status: TransactionStatus,
+    ) -> Result<StampOutcome, ExchangeError> {
+        let rows = tx
+            .execute(STAMP_GUARDED, (transaction_id, status.as_str()))
+            .await?;
+        Ok(if rows == 1 {
+            StampOutcome::Applied
+        } else {
+            StampOutcome::Refused
+        })
+    }
+}
+
+/// The send job's outcome on the domain: stamps the transaction through the terminal guard and
+/// stages `exchange.sent` / `exchange.failed`, in one statement, only when the stamp applied. A
+/// refusal is logged, not an error: the job's fenced write is the source of truth.
+struct SendOutcome;
+
+impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
     fn name(&self) -> &str {
-        "exchange.terminal_guard"
+        "exchange.send_outcome"
     }
 
     async fn after_applied(
         &self,
-        tx: &mut PgTx,
-        event: &FinalizeEvent<'_>,
+        tx: &mut PostgresTx<D>,
+        event: &FinalizeEvent<'_, SendPayload>,
     ) -> Result<(), BoxError> {
-        let Some((_, status)) = EventType::for_outcome(event.action) else {
+        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
             return Ok(());
         };
-        let transaction_id = transaction_of(event)?;
-        if stamp_transaction(tx, transaction_id, status).await? == StampOutcome::Refused {
-            guard_refused(transaction_id, status, event.job.id.0);
+        let job = event.job;
+        let params = (
+            job.id.0,
+            job.generation.0,
+            status.as_str(),
+            event_type.as_str(),
+        );
+        let rows = tx.query(SEND_OUTCOME, params).await?;
+        let Some(row) = rows.first() else {
+            return Err(format!("send job {} has no transaction", job.id).into());
+        };
+        if !row.get::<bool>("stamped")? {
+            guard_refused(row.get("transaction_id")?, status, job.id.0);
         }
         Ok(())
     }
 }
 
-/// Stages `exchange.sent` / `exchange.failed` in the finalize transaction.
-struct PgOutboxStager;
-
-#[async_trait]
-impl FinalizeHook<PgQueue> for PgOutboxStager {
-    fn name(&self) -> &str {
-        "exchange.outbox"
-    }
-
-    async fn after_applied(
-        &self,
-        tx: &mut PgTx,
-        event: &FinalizeEvent<'_>,
-    ) -> Result<(), BoxError> {
-        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
-        sqlx::query(STAGE_EVENT)
-            .bind(transaction_of(event)?)
-            .bind(event_type.as_str())
-            .bind(event.job.id.0)
-            .bind(event.job.generation.0)
-            .bind(status.as_str())
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
+fn transaction_view<D: Driver>(row: &Row<D>) -> Result<TransactionView, ExchangeError> {
+    let status: String = row.get("status")?;
+    Ok(TransactionView {
+        id: row.get("id")?,
+        correlation_id: row.get("correlation_id")?,
+        partner: row.get("partner")?,
+        amount_minor: row.get("amount_minor")?,
+        status: TransactionStatus::parse(&status)
+            .ok_or_else(|| ExchangeError::Corrupt(format!("transaction status {status:?}")))?,
+        retries: row.get("retries")?,
+    })
 }
 
-fn transaction_of(event: &FinalizeEvent<'_>) -> Result<i64, BoxError> {
-    event.job.payload["transaction_id"]
-        .as_i64()
-        .ok_or_else(|| "send job payload has no transaction_id".into())
+fn event_view<D: Driver>(row: &Row<D>) -> Result<EventView, ExchangeError> {
+    let event_type: String = row.get("event_type")?;
+    Ok(EventView {
+        event_type: match event_type.as_str() {
+            "exchange.sent" => EventType::Sent,
+            "exchange.failed" => EventType::Failed,
+            other => return Err(ExchangeError::Corrupt(format!("event type {other:?}"))),
+        },
+        transaction_id: row.get("transaction_id")?,
+        correlation_id: row.get("correlation_id")?,
+        send_job_id: row.get("send_job_id")?,
+        claim_generation: row.get("claim_generation")?,
+    })
 }
 
-impl ExchangeStore for PgExchange {
-    type Backend = PgQueue;
+impl<D: Driver> ExchangeStore for PgExchange<D> {
+    type Backend = PostgresQueue<D>;
 
-    fn queue(&self) -> &PgQueue {
+    fn queue(&self) -> &PostgresQueue<D> {
         &self.queue
     }
 
-    fn hooks(&self) -> Hooks<PgQueue> {
-        Hooks::new().with(PgTerminalGuard).with(PgOutboxStager)
+    fn hooks(&self) -> Hooks<PostgresTx<D>, SendPayload> {
+        Hooks::new().with(SendOutcome)
     }
 
     async fn create_transactions(
@@ -227,38 +275,36 @@ impl ExchangeStore for PgExchange {
     ) -> Result<Vec<i64>, ExchangeError> {
         let partners: Vec<&str> = requests.iter().map(|(p, _)| p.as_str()).collect();
         let amounts: Vec<i64> = requests.iter().map(|(_, a)| *a).collect();
-        let mut tx = self.pool().begin().await?;
-        let ids: Vec<i64> = sqlx::query_scalar(CREATE_TRANSACTIONS)
-            .bind(&partners)
-            .bind(&amounts)
-            .bind(QUEUE)
-            .fetch_all(&mut *tx)
+        let mut tx = self.queue.begin().await?;
+        let rows = tx
+            .query(CREATE_TRANSACTIONS, (&partners, &amounts, QUEUE))
             .await?;
-        self.queue.notify_in(&mut tx).await?;
+        let ids = rows
+            .iter()
+            .map(|row| row.get("transaction_id"))
+            .collect::<Result<Vec<i64>, _>>()?;
+        self.queue.notify_in(tx.conn()).await?;
         tx.commit().await?;
         Ok(ids)
     }
 
     async fn retry_failed_transaction(&self, id: i64) -> Result<RetryOutcome, ExchangeError> {
-        let mut tx = self.pool().begin().await?;
-        let reopened = sqlx::query(REOPEN_FAILED)
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = reopened else {
-            drop(tx);
+        let mut tx = self.queue.begin().await?;
+        let reopened = tx.query(REOPEN_FAILED, (id,)).await?;
+        let Some(row) = reopened.first() else {
+            tx.rollback().await?;
             return Ok(match self.transaction(id).await? {
                 None => RetryOutcome::NotFound,
                 Some(view) => RetryOutcome::NotFailed(view.status),
             });
         };
-        let correlation_id: String = row.try_get("correlation_id")?;
-        let send_job_id: i64 = sqlx::query_scalar(RESTAGE_SEND_JOB)
-            .bind(id)
-            .bind(QUEUE)
-            .fetch_one(&mut *tx)
-            .await?;
-        self.queue.notify_in(&mut tx).await?;
+        let correlation_id: String = row.get("correlation_id")?;
+        let restaged = tx.query(RESTAGE_SEND_JOB, (id, QUEUE)).await?;
+        let send_job_id: i64 = restaged
+            .first()
+            .ok_or_else(|| ExchangeError::Corrupt(format!("transaction {id} vanished")))?
+            .get("id")?;
+        self.queue.notify_in(tx.conn()).await?;
         tx.commit().await?;
         Ok(RetryOutcome::Retried {
             send_job_id,
@@ -267,59 +313,29 @@ impl ExchangeStore for PgExchange {
     }
 
     async fn transaction(&self, id: i64) -> Result<Option<TransactionView>, ExchangeError> {
-        let row = sqlx::query(TRANSACTION)
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
-        row.map(|row| {
-            let status: String = row.try_get("status")?;
-            Ok(TransactionView {
-                id: row.try_get("id")?,
-                correlation_id: row.try_get("correlation_id")?,
-                partner: row.try_get("partner")?,
-                amount_minor: row.try_get("amount_minor")?,
-                status: TransactionStatus::parse(&status).ok_or_else(|| {
-                    ExchangeError::Corrupt(format!("transaction status {status:?}"))
-                })?,
-                retries: row.try_get("retries")?,
-            })
-        })
-        .transpose()
+        let rows = self.queue.query(TRANSACTION, (id,)).await?;
+        rows.first().map(transaction_view).transpose()
     }
 
     async fn events(&self, id: i64) -> Result<Vec<EventView>, ExchangeError> {
-        let rows = sqlx::query(EVENTS).bind(id).fetch_all(self.pool()).await?;
-        rows.iter()
-            .map(|row| {
-                let event_type: String = row.try_get("event_type")?;
-                Ok(EventView {
-                    event_type: match event_type.as_str() {
-                        "exchange.sent" => EventType::Sent,
-                        "exchange.failed" => EventType::Failed,
-                        other => {
-                            return Err(ExchangeError::Corrupt(format!("event type {other:?}")));
-                        }
-                    },
-                    transaction_id: row.try_get("transaction_id")?,
-                    correlation_id: row.try_get("correlation_id")?,
-                    send_job_id: row.try_get("send_job_id")?,
-                    claim_generation: row.try_get("claim_generation")?,
-                })
-            })
-            .collect()
+        let rows = self.queue.query(EVENTS, (id,)).await?;
+        rows.iter().map(event_view).collect()
     }
 
     async fn summary(&self) -> Result<ExchangeSummary, ExchangeError> {
-        let row = sqlx::query(SUMMARY).fetch_one(self.pool()).await?;
-        let n = |i: usize| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(i)? as u64) };
+        let rows = self.queue.query(SUMMARY, ()).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| ExchangeError::Corrupt("no summary row".into()))?;
+        let n = |column: &str| -> Result<u64, ExchangeError> { Ok(row.get::<i64>(column)? as u64) };
         Ok(ExchangeSummary {
-            pending: n(0)?,
-            success: n(1)?,
-            failed: n(2)?,
-            sent_events: n(3)?,
-            failed_events: n(4)?,
-            conflicting_events: n(5)?,
-            duplicate_events: n(6)?,
+            pending: n("pending")?,
+            success: n("success")?,
+            failed: n("failed")?,
+            sent_events: n("sent_events")?,
+            failed_events: n("failed_events")?,
+            conflicting_events: n("conflicting_events")?,
+            duplicate_events: n("duplicate_events")?,
         })
     }
 }

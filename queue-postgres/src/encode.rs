@@ -1,6 +1,6 @@
-//! The driver-independent halves of enqueue and finalize: turning jobs and outcomes into the
-//! statements' array parameters, and their result rows back into per-item results. Both drivers
-//! bind the same columns to the same statements.
+//! Turning jobs and outcomes into the statements' array parameters, and their result rows back
+//! into per-item results. What each outcome writes is decided here, once, from
+//! [`queue_core::Finalize`]; `finalize.sql` only applies it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::error::PgError;
 
-/// The array parameters of [`crate::sql::ENQUEUE`] (`$3` … `$7`).
+/// The array parameters of `enqueue.sql` (`$3` … `$7`).
 #[derive(Debug, Default)]
 pub(crate) struct EnqueueColumns {
     pub payloads: Vec<Value>,
@@ -35,9 +35,9 @@ impl EnqueueColumns {
     }
 }
 
-/// The rows of [`crate::sql::ENQUEUE`] turned into results: duplicates of a key inserted earlier
-/// in the same batch get that job's id; the keys returned still need a lookup
-/// ([`crate::sql::LOOKUP_UNIQUE`]) and [`resolve_duplicates`].
+/// The rows of `enqueue.sql` turned into results: duplicates of a key inserted earlier in the
+/// same batch get that job's id; the keys returned still need a lookup (`lookup_unique.sql`)
+/// and [`resolve_duplicates`].
 pub(crate) fn enqueued_from_rows(
     rows: impl IntoIterator<Item = (i64, bool, Option<String>)>,
 ) -> (Vec<Enqueued>, Vec<(usize, String)>) {
@@ -86,15 +86,22 @@ pub(crate) fn resolve_duplicates(
     Ok(())
 }
 
-/// The array parameters of [`crate::sql::FINALIZE`].
+/// The array parameters of `finalize.sql`, one element per write.
 #[derive(Debug, Default)]
 pub(crate) struct FinalizeColumns<'a> {
     pub ids: Vec<i64>,
     pub generations: Vec<i64>,
-    pub kinds: Vec<&'static str>,
+    /// The status the write leaves the job in.
+    pub statuses: Vec<&'static str>,
+    /// Whether the claim's attempt is given back (a release: the job did not run).
+    pub give_backs: Vec<bool>,
+    /// A retry's instant, or its delay; both `None` keep `next_attempt_at`.
     pub run_ats: Vec<Option<DateTime<Utc>>>,
     pub delays: Vec<Option<f64>>,
+    /// The error or reason kept in `last_error`; `None` keeps the previous one.
     pub errors: Vec<Option<&'a str>>,
+    /// Whether the status is terminal (stamps `finished_at`).
+    pub terminals: Vec<bool>,
 }
 
 impl<'a> FinalizeColumns<'a> {
@@ -102,22 +109,26 @@ impl<'a> FinalizeColumns<'a> {
         let mut columns = FinalizeColumns::default();
         for (claim, action) in items {
             let (at, delay, error) = match action {
-                Finalize::RetryAt { at, error } => {
-                    let (at, delay) = split_run_at(*at);
-                    (at, delay, Some(error.as_str()))
-                }
-                Finalize::FailTerminal { error } => (None, None, Some(error.as_str())),
-                Finalize::Cancel { reason } | Finalize::Bury { reason } => {
+                // A retry always moves next_attempt_at: "now" is a delay of zero.
+                Finalize::Retry { at, error } => match split_run_at(*at) {
+                    (None, None) => (None, Some(0.0), Some(error.as_str())),
+                    (at, delay) => (at, delay, Some(error.as_str())),
+                },
+                Finalize::Fail { error } => (None, None, Some(error.as_str())),
+                Finalize::Cancel { reason } | Finalize::Dead { reason } => {
                     (None, None, Some(reason.as_str()))
                 }
                 Finalize::Complete | Finalize::Release => (None, None, None),
             };
+            let status = action.target_status();
             columns.ids.push(claim.id.0);
             columns.generations.push(claim.generation.0);
-            columns.kinds.push(action.kind());
+            columns.statuses.push(status.as_str());
+            columns.give_backs.push(matches!(action, Finalize::Release));
             columns.run_ats.push(at);
             columns.delays.push(delay);
             columns.errors.push(error);
+            columns.terminals.push(status.is_terminal());
         }
         columns
     }
@@ -139,51 +150,6 @@ pub(crate) fn outcomes(
         })
         .collect()
 }
-
-/// Builds a [`queue_core::ClaimedJob`] from a row of [`crate::sql::CLAIM`]. A macro, not a
-/// function: both drivers' rows read columns with `try_get(name)`, through different traits.
-macro_rules! claimed_job_from_row {
-    ($row:expr) => {
-        queue_core::ClaimedJob {
-            id: queue_core::JobId($row.try_get("id")?),
-            generation: queue_core::ClaimGeneration($row.try_get("claim_generation")?),
-            attempts: $row.try_get("attempts")?,
-            reclaims: $row.try_get("reclaims")?,
-            taken_over: $row.try_get("taken_over")?,
-            over_reclaim_cap: $row.try_get("over_reclaim_cap")?,
-            claimed_at: $row.try_get("claimed_at")?,
-            priority: $row.try_get("priority")?,
-            payload: $row.try_get("payload")?,
-        }
-    };
-}
-
-/// Builds a [`queue_core::JobRecord`] from a row of [`crate::sql::GET`] (see
-/// `claimed_job_from_row!` for why a macro).
-macro_rules! job_record_from_row {
-    ($row:expr) => {{
-        let id: i64 = $row.try_get("id")?;
-        queue_core::JobRecord {
-            id: queue_core::JobId(id),
-            queue: $row.try_get("queue")?,
-            status: $crate::batch::parse_status(id, $row.try_get("status")?)?,
-            payload: $row.try_get("payload")?,
-            priority: $row.try_get("priority")?,
-            attempts: $row.try_get("attempts")?,
-            reclaims: $row.try_get("reclaims")?,
-            next_attempt_at: $row.try_get("next_attempt_at")?,
-            claimed_at: $row.try_get("claimed_at")?,
-            claim_generation: queue_core::ClaimGeneration($row.try_get("claim_generation")?),
-            last_error: $row.try_get("last_error")?,
-            unique_key: $row.try_get("unique_key")?,
-            created_at: $row.try_get("created_at")?,
-            updated_at: $row.try_get("updated_at")?,
-            finished_at: $row.try_get("finished_at")?,
-        }
-    }};
-}
-
-pub(crate) use {claimed_job_from_row, job_record_from_row};
 
 pub(crate) fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
     match run_at {
@@ -230,6 +196,69 @@ mod tests {
         assert!(!out[3].duplicate);
         let gone = resolve_duplicates(&mut out, vec![(0, "z".into())], HashMap::new());
         assert!(matches!(gone, Err(PgError::UniqueKeyHolderMissing { .. })));
+    }
+
+    #[test]
+    fn each_outcome_writes_its_status_and_only_what_it_owns() {
+        let claim = Claim {
+            id: JobId(1),
+            generation: ClaimGeneration(2),
+        };
+        let items = [
+            (claim, Finalize::Complete),
+            (claim, Finalize::Fail { error: "no".into() }),
+            (
+                claim,
+                Finalize::Retry {
+                    at: RunAt::Now,
+                    error: "later".into(),
+                },
+            ),
+            (claim, Finalize::Release),
+            (
+                claim,
+                Finalize::Cancel {
+                    reason: "moot".into(),
+                },
+            ),
+            (
+                claim,
+                Finalize::Dead {
+                    reason: "poison".into(),
+                },
+            ),
+        ];
+        let c = FinalizeColumns::new(&items);
+        assert_eq!(
+            c.statuses,
+            [
+                "completed",
+                "failed",
+                "pending",
+                "pending",
+                "cancelled",
+                "dead"
+            ]
+        );
+        assert_eq!(c.give_backs, [false, false, false, true, false, false]);
+        assert_eq!(c.terminals, [true, true, false, false, true, true]);
+        assert_eq!(
+            c.errors,
+            [
+                None,
+                Some("no"),
+                Some("later"),
+                None,
+                Some("moot"),
+                Some("poison")
+            ]
+        );
+        // Only a retry moves next_attempt_at; "now" is a delay of zero.
+        assert_eq!(c.delays, [None, None, Some(0.0), None, None, None]);
+        assert!(c.run_ats.iter().all(Option::is_none));
+        for (item, status) in items.iter().zip(&c.statuses) {
+            assert_eq!(item.1.target_status().as_str(), *status);
+        }
     }
 
     #[test]

@@ -1,0 +1,95 @@
+//! Enqueue, unique keys, transactions, and what `get` and `counts` report.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::{Harness, claim, enqueue, record};
+use crate::backend::{Backend, BackendTx};
+use crate::types::{Finalize, JobId, NewJob};
+
+cases! {
+    $ __conformance_enqueue;
+
+    /// A unique key enqueues once and returns the first job's id after.
+    pub async fn unique_key_enqueues_once<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let job = || NewJob::from_value(json!({})).unique_key("transmission-7");
+        let first = b.enqueue(job()).await.unwrap();
+        let again = b.enqueue(job()).await.unwrap();
+        assert!(!first.duplicate);
+        assert!(again.duplicate);
+        assert_eq!(again.id, first.id);
+        let many = b
+            .enqueue_many(vec![
+                job(),
+                NewJob::from_value(json!({})).unique_key("other"),
+            ])
+            .await
+            .unwrap();
+        assert!(many[0].duplicate && many[0].id == first.id);
+        assert!(!many[1].duplicate);
+        assert_eq!(b.counts().await.unwrap().pending, 2);
+    }
+
+    /// `enqueue_in` commits and rolls back with the caller's transaction.
+    pub async fn enqueue_in_is_atomic_with_the_transaction<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let mut tx = b.begin().await.unwrap();
+        b.enqueue_in(&mut tx, NewJob::from_value(json!({ "kept": false })))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            b.counts().await.unwrap().total(),
+            0,
+            "a rolled-back enqueue is visible"
+        );
+        let mut tx = b.begin().await.unwrap();
+        let id = b
+            .enqueue_in(&mut tx, NewJob::from_value(json!({ "kept": true })))
+            .await
+            .unwrap()
+            .id;
+        tx.commit().await.unwrap();
+        let job = claim(b, 1).await.jobs.remove(0);
+        assert_eq!((job.id, job.payload), (id, json!({ "kept": true })));
+    }
+
+    /// `enqueue_many` returns ids in input order and stores each payload.
+    pub async fn enqueue_many_keeps_input_order<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let jobs: Vec<NewJob> = (0..50)
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        let ids = b.enqueue_many(jobs).await.unwrap();
+        assert_eq!(ids.len(), 50);
+        for (n, enqueued) in ids.iter().enumerate() {
+            assert_eq!(record(b, enqueued.id).await.payload, json!({ "n": n }));
+        }
+        assert!(b.enqueue_many(Vec::new()).await.unwrap().is_empty());
+    }
+
+    /// `get` and `counts` see this queue only.
+    pub async fn counts_and_get_report_this_queue_only<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let job = claim(b, 1).await.jobs.remove(0);
+        enqueue(b, 2).await;
+        assert!(
+            b.finalize(job.claim(), &Finalize::Complete)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        let counts = b.counts().await.unwrap();
+        assert_eq!(
+            (counts.pending, counts.completed, counts.total()),
+            (1, 1, 2)
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.queue, b.queue().as_str());
+        assert_eq!(rec.attempts, 1);
+        assert!(b.get(JobId(i64::MAX)).await.unwrap().is_none());
+    }
+}

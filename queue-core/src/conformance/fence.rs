@@ -1,0 +1,217 @@
+//! The generation fence: every lease-holder write applies only under its own claim.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Harness, claim, claim_then_take_over, enqueue, lease, record};
+use crate::backend::Backend;
+use crate::types::{
+    CancelOutcome, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, JobId, JobStatus, RunAt,
+};
+
+cases! {
+    $ __conformance_fence;
+
+    /// (3) The old holder's complete is fenced; the job stays in flight under the new generation,
+    /// whose complete then applies.
+    pub async fn stale_complete_is_fenced_and_new_generation_applies<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let (old, new) = claim_then_take_over(&*h, id).await;
+        assert_eq!(
+            b.finalize(old.claim(), &Finalize::Complete).await.unwrap(),
+            FinalizeOutcome::Stale
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::InFlight);
+        assert_eq!(rec.claim_generation, new.generation);
+        assert_eq!(
+            b.finalize(new.claim(), &Finalize::Complete).await.unwrap(),
+            FinalizeOutcome::Applied
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Completed);
+        assert!(rec.finished_at.is_some());
+    }
+
+    /// (4) The seed's named defect: a stale terminal failure overwriting a completed job.
+    pub async fn stale_fail_cannot_overwrite_completed<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let (old, new) = claim_then_take_over(&*h, id).await;
+        assert!(
+            b.finalize(new.claim(), &Finalize::Complete)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        let stale = Finalize::Fail {
+            error: "partner said 500".into(),
+        };
+        assert_eq!(
+            b.finalize(old.claim(), &stale).await.unwrap(),
+            FinalizeOutcome::Stale
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Completed);
+        assert_eq!(rec.last_error, None);
+    }
+
+    /// (5) A status-only guard is not enough: the job is in flight, just not for this holder.
+    pub async fn stale_retry_cannot_yank_active_claim<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let (old, new) = claim_then_take_over(&*h, id).await;
+        let retry = Finalize::Retry {
+            at: RunAt::Now,
+            error: "timeout".into(),
+        };
+        assert_eq!(
+            b.finalize(old.claim(), &retry).await.unwrap(),
+            FinalizeOutcome::Stale
+        );
+        assert_eq!(
+            b.finalize(old.claim(), &Finalize::Release).await.unwrap(),
+            FinalizeOutcome::Stale
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::InFlight);
+        assert_eq!(rec.claim_generation, new.generation);
+        assert!(
+            claim(b, 10).await.jobs.is_empty(),
+            "the active claim was yanked back to pending"
+        );
+    }
+
+    /// Release: back to pending at its original place in line, the attempt uncounted.
+    pub async fn release_keeps_place_and_uncounts_the_attempt<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let first = enqueue(b, 1).await;
+        let second = enqueue(b, 2).await;
+        let job = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(job.id, first);
+        assert!(
+            b.finalize(job.claim(), &Finalize::Release)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        let rec = record(b, first).await;
+        assert_eq!((rec.status, rec.attempts), (JobStatus::Pending, 0));
+        let again = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(again.id, first, "a released job keeps its place");
+        assert_eq!(again.attempts, 1);
+        assert_eq!(again.generation, ClaimGeneration(2));
+        assert_eq!(
+            b.finalize(job.claim(), &Finalize::Release).await.unwrap(),
+            FinalizeOutcome::Stale
+        );
+        let _ = second;
+    }
+
+    /// Retry: pending again, due later, the error kept; the next run sees one handler error.
+    pub async fn retry_schedules_and_counts_a_handler_error<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let job = claim(b, 1).await.jobs.remove(0);
+        let retry = Finalize::Retry {
+            at: RunAt::After(Duration::from_secs(60)),
+            error: "503".into(),
+        };
+        assert!(b.finalize(job.claim(), &retry).await.unwrap().is_applied());
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Pending);
+        assert_eq!(rec.last_error.as_deref(), Some("503"));
+        assert!(
+            claim(b, 1).await.jobs.is_empty(),
+            "a retry ran before its time"
+        );
+        h.advance_clock(Duration::from_secs(61)).await;
+        let again = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(
+            (again.id, again.attempts, again.handler_errors()),
+            (id, 2, 1)
+        );
+    }
+
+    /// The batched finalize fences every item on its own.
+    pub async fn finalize_many_fences_each_item<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let a = enqueue(b, 1).await;
+        let taken_over = enqueue(b, 2).await;
+        let c = enqueue(b, 3).await;
+        let jobs = claim(b, 3).await.jobs;
+        let old = jobs.iter().find(|j| j.id == taken_over).unwrap().claim();
+        // Only `taken_over` is reclaimed: finish the others first.
+        h.advance_clock(lease().duration() + Duration::from_secs(1))
+            .await;
+        let mut by_id: HashMap<JobId, ClaimedJob> =
+            jobs.into_iter().map(|j| (j.id, j)).collect();
+        let retaken = claim(b, 3).await.jobs;
+        assert_eq!(retaken.len(), 3);
+        for j in &retaken {
+            by_id.insert(j.id, j.clone());
+        }
+        let outcomes = b
+            .finalize_many(&[
+                (by_id[&a].claim(), Finalize::Complete),
+                (old, Finalize::Complete),
+                (
+                    by_id[&c].claim(),
+                    Finalize::Fail {
+                        error: "bad".into(),
+                    },
+                ),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            outcomes,
+            vec![
+                FinalizeOutcome::Applied,
+                FinalizeOutcome::Stale,
+                FinalizeOutcome::Applied
+            ]
+        );
+        assert_eq!(record(b, a).await.status, JobStatus::Completed);
+        assert_eq!(record(b, taken_over).await.status, JobStatus::InFlight);
+        let failed = record(b, c).await;
+        assert_eq!(
+            (failed.status, failed.last_error.as_deref()),
+            (JobStatus::Failed, Some("bad"))
+        );
+        assert!(b.finalize_many(&[]).await.unwrap().is_empty());
+    }
+
+    /// Administrative cancel ends pending jobs only; a lease holder cancels with a fenced write.
+    pub async fn cancel_only_touches_pending_jobs<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let pending = enqueue(b, 1).await;
+        assert_eq!(b.cancel(pending).await.unwrap(), CancelOutcome::Cancelled);
+        assert_eq!(
+            b.cancel(pending).await.unwrap(),
+            CancelOutcome::AlreadyTerminal(JobStatus::Cancelled)
+        );
+        let running = enqueue(b, 2).await;
+        let job = claim(b, 5).await.jobs.remove(0);
+        assert_eq!(job.id, running, "a cancelled job was claimed");
+        assert_eq!(b.cancel(running).await.unwrap(), CancelOutcome::InFlight);
+        assert_eq!(
+            b.cancel(JobId(i64::MAX)).await.unwrap(),
+            CancelOutcome::NotFound
+        );
+        let by_holder = Finalize::Cancel {
+            reason: "order withdrawn".into(),
+        };
+        assert!(
+            b.finalize(job.claim(), &by_holder)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        let rec = record(b, running).await;
+        assert_eq!(rec.status, JobStatus::Cancelled);
+        assert_eq!(rec.last_error.as_deref(), Some("order withdrawn"));
+    }
+}

@@ -1,0 +1,301 @@
+//! The worker runtime on the backend: retries, failures, shutdown, poison jobs, hooks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use super::hooks::{Recorder, StageFollowUp};
+use super::{Harness, claim, enqueue, lease, record};
+use crate::backend::Backend;
+use crate::handler::{Handler, JobContext, JobError};
+use crate::retry::RetryPolicy;
+use crate::types::{JobId, JobStatus, NewJob};
+use crate::worker::{Worker, WorkerConfig};
+
+struct Gate {
+    started: Arc<Notify>,
+    open: Arc<Notify>,
+}
+
+impl Handler for Gate {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _payload: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        self.open.notified().await;
+        Ok(())
+    }
+}
+
+/// Fails the first run of every job whose `n` is odd, counting runs.
+struct Flaky(Arc<Mutex<HashMap<i64, u32>>>);
+
+impl Handler for Flaky {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, payload: Value) -> Result<(), JobError> {
+        let n = payload["n"].as_i64().unwrap_or(0);
+        let runs = {
+            let mut runs = self.0.lock().unwrap();
+            let r = runs.entry(n).or_insert(0);
+            *r += 1;
+            *r
+        };
+        if n % 2 == 1 && runs == 1 {
+            return Err(JobError::retry("first run of an odd job fails"));
+        }
+        Ok(())
+    }
+}
+
+fn quick_retries(max_attempts: u32) -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        poll_interval: Duration::from_millis(20),
+        retry: RetryPolicy {
+            max_attempts,
+            base_delay: Duration::ZERO,
+            max_delay: Duration::ZERO,
+            jitter: false,
+        },
+        ..WorkerConfig::default()
+    }
+}
+
+struct AlwaysFails;
+
+impl Handler for AlwaysFails {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _payload: Value) -> Result<(), JobError> {
+        Err(JobError::retry("partner keeps failing"))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Typed {
+    #[allow(dead_code)]
+    to: String,
+}
+
+struct NeverCalled(Arc<Mutex<u32>>);
+
+impl Handler for NeverCalled {
+    type Payload = Typed;
+    async fn handle(&self, _ctx: JobContext, _payload: Typed) -> Result<(), JobError> {
+        *self.0.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+struct Noop;
+
+impl Handler for Noop {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _payload: Value) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+cases! {
+    $ __conformance_worker;
+
+    /// (11) Graceful shutdown releases claimed-but-unstarted jobs at once (fenced), lets the running
+    /// one finish, and strands nothing for a lease.
+    pub async fn graceful_shutdown_releases_unstarted_claims<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let jobs: Vec<NewJob> = (0..4)
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        b.enqueue_many(jobs).await.unwrap();
+        let started = Arc::new(Notify::new());
+        let open = Arc::new(Notify::new());
+        let config = WorkerConfig {
+            concurrency: 1,
+            prefetch: 3,
+            max_batch: 4,
+            ..WorkerConfig::default()
+        };
+        let handler = Gate {
+            started: started.clone(),
+            open: open.clone(),
+        };
+        let worker = Worker::new(b.clone(), handler, config).unwrap().start();
+        started.notified().await;
+        assert_eq!(
+            worker.stats().claimed,
+            4,
+            "the worker should hold one running and three buffered"
+        );
+        worker.request_shutdown();
+        worker.wait_for(|s| s.released == 3).await;
+        open.notify_one();
+        let report = worker.shutdown().await.unwrap();
+        assert_eq!(report.released_unstarted, 3);
+        assert_eq!(report.finished_in_time, 1);
+        let counts = b.counts().await.unwrap();
+        assert_eq!(
+            (counts.completed, counts.pending, counts.in_flight),
+            (1, 3, 0)
+        );
+        // Released jobs are claimable at once, their attempt not counted.
+        let again = claim(b, 10).await.jobs;
+        assert_eq!(again.len(), 3);
+        assert!(again.iter().all(|j| j.attempts == 1 && j.reclaims == 0));
+    }
+
+    /// The worker buries a job it claims past the reclaim cap, without running it, and the hooks
+    /// see the burial (so domain state and outbox follow the job to its end).
+    pub async fn worker_ends_a_poison_job_dead_with_its_hooks<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        // Two workers died holding it.
+        for _ in 0..2 {
+            assert_eq!(claim(b, 1).await.jobs.len(), 1);
+            h.advance_clock(lease().duration() + Duration::from_secs(1))
+                .await;
+        }
+        let recorder = Recorder::default();
+        let runs = Arc::new(Mutex::new(HashMap::new()));
+        let config = WorkerConfig {
+            max_reclaims: 1,
+            ..quick_retries(3)
+        };
+        let worker = Worker::new(b.clone(), Flaky(runs.clone()), config)
+            .unwrap()
+            .hook(recorder.clone())
+            .start();
+        let stats = worker.wait_for(|s| s.dead == 1).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.completed, 0);
+        assert!(
+            runs.lock().unwrap().is_empty(),
+            "a poison job must not run again"
+        );
+        assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "dead")]);
+        assert_eq!(record(b, id).await.status, JobStatus::Dead);
+    }
+
+    /// The runtime end to end: every job completes, retried jobs exactly twice, no job runs again
+    /// after completing.
+    pub async fn worker_runs_jobs_to_completion_with_retries<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        const N: i64 = 40;
+        b.enqueue_many(
+            (0..N)
+                .map(|n| NewJob::from_value(json!({ "n": n })))
+                .collect(),
+        )
+        .await
+        .unwrap();
+        let runs = Arc::new(Mutex::new(HashMap::new()));
+        let worker = Worker::new(b.clone(), Flaky(runs.clone()), quick_retries(3))
+            .unwrap()
+            .start();
+        let stats = worker.wait_for(|s| s.completed == N as u64).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.retried, (N / 2) as u64);
+        assert_eq!(stats.stale, 0);
+        let counts = b.counts().await.unwrap();
+        assert_eq!(counts.completed, N as u64);
+        let runs = runs.lock().unwrap();
+        for n in 0..N {
+            assert_eq!(runs[&n], if n % 2 == 1 { 2 } else { 1 }, "job {n}");
+        }
+    }
+
+    /// Handler errors are bounded by `max_attempts`; then the job fails terminally with the error.
+    pub async fn worker_fails_job_after_max_attempts<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let worker = Worker::new(b.clone(), AlwaysFails, quick_retries(3))
+            .unwrap()
+            .start();
+        let stats = worker.wait_for(|s| s.failed == 1).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.retried, 2);
+        let rec = record(b, id).await;
+        assert_eq!((rec.status, rec.attempts), (JobStatus::Failed, 3));
+        let error = rec.last_error.unwrap_or_default();
+        assert!(
+            error.contains("partner keeps failing") && error.contains("gave up after 3"),
+            "{error}"
+        );
+    }
+
+    /// A payload that does not fit the handler's type fails terminally, keeping the payload.
+    pub async fn worker_fails_malformed_payload_and_keeps_it<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = b
+            .enqueue(NewJob::from_value(json!({ "to": 42 })))
+            .await
+            .unwrap()
+            .id;
+        let calls = Arc::new(Mutex::new(0));
+        let worker = Worker::new(b.clone(), NeverCalled(calls.clone()), quick_retries(5))
+            .unwrap()
+            .start();
+        worker.wait_for(|s| s.failed == 1).await;
+        worker.shutdown().await.unwrap();
+        assert_eq!(*calls.lock().unwrap(), 0);
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Failed);
+        assert_eq!(
+            rec.payload,
+            json!({ "to": 42 }),
+            "the payload must survive for inspection"
+        );
+        assert!(
+            rec.last_error
+                .unwrap_or_default()
+                .starts_with("malformed payload")
+        );
+    }
+
+    /// With hooks, the worker finalizes each job in a transaction the hooks share.
+    pub async fn worker_runs_hooks_in_the_finalize_transaction<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let ids: Vec<JobId> = b
+            .enqueue_many(
+                (0..5)
+                    .map(|n| NewJob::from_value(json!({ "n": n })))
+                    .collect(),
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        let recorder = Recorder::default();
+        let worker = Worker::new(b.clone(), Noop, quick_retries(3))
+            .unwrap()
+            .hook(recorder.clone())
+            .hook(StageFollowUp(b.clone()))
+            .start();
+        // Each original job stages one follow-up into the same queue; follow-ups stage nothing.
+        worker.wait_for(|s| s.completed == 10).await;
+        worker.shutdown().await.unwrap();
+        let recorded: HashSet<JobId> = recorder
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        assert!(ids.iter().all(|id| recorded.contains(id)));
+        for id in ids {
+            assert_eq!(record(b, id).await.status, JobStatus::Completed);
+        }
+        let counts = b.counts().await.unwrap();
+        assert_eq!(
+            (counts.total(), counts.completed),
+            (10, 10),
+            "the staged follow-ups must commit"
+        );
+        assert_eq!(
+            recorder.0.lock().unwrap().len(),
+            10,
+            "one hook run per applied finalize"
+        );
+    }
+}

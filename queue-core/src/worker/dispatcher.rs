@@ -1,0 +1,215 @@
+//! The dispatcher: claims jobs while slots are free, buffers what a claim returned, starts
+//! buffered jobs as handlers finish, and wakes on a backend signal or the poll interval.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio::task::{Id, JoinError, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use super::runner::run_job;
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::events;
+use crate::handler::Handler;
+use crate::types::{ClaimBatch, ClaimRequest, ClaimedJob};
+
+/// A claimed job waiting for a free slot, with when its lease started (measured locally before
+/// the claim was sent, so the estimate errs on the short side).
+pub(super) struct Buffered {
+    pub(super) job: ClaimedJob,
+    pub(super) lease_started: Instant,
+}
+
+/// A job being run, as the dispatcher keeps it: the job (to release it if its task is aborted)
+/// and the token that asks its handler to stop.
+pub(super) struct Running {
+    pub(super) job: Arc<ClaimedJob>,
+    pub(super) cancel: CancellationToken,
+}
+
+/// What a claim in flight resolves to: how many jobs it asked for, when it was sent, and what
+/// came back. The dispatcher keeps starting buffered jobs while it runs.
+type ClaimInFlight = Pin<Box<dyn Future<Output = (u32, Instant, Result<ClaimBatch>)> + Send>>;
+
+type Wake = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+pub(super) struct Dispatcher<B: Backend, H: Handler> {
+    pub(super) shared: Arc<Shared<B, H>>,
+    pub(super) buffer: VecDeque<Buffered>,
+    pub(super) running: JoinSet<()>,
+    pub(super) owners: HashMap<Id, Running>,
+    claiming: Option<ClaimInFlight>,
+    /// Whether work may be waiting: at start, after a full batch, a wake-up or a poll tick.
+    poll_due: bool,
+    /// Claim again once this many slots are free (or when idle): many small claims cost a
+    /// round trip and a commit each, one larger claim costs little more.
+    refill_at: usize,
+}
+
+impl<B: Backend, H: Handler> Dispatcher<B, H> {
+    pub(super) fn new(shared: Arc<Shared<B, H>>) -> Self {
+        let config = &shared.config;
+        let refill_at = (config.slots().min(config.max_batch as usize) / 2).max(1);
+        Dispatcher {
+            shared,
+            buffer: VecDeque::new(),
+            running: JoinSet::new(),
+            owners: HashMap::new(),
+            claiming: None,
+            poll_due: true,
+            refill_at,
+        }
+    }
+
+    /// Claims and runs jobs until `stop` fires; returns with the claim in flight received, so
+    /// that shutdown can release everything this worker holds.
+    pub(super) async fn run(&mut self, stop: &CancellationToken) {
+        let wake = self.shared.backend.wake_signal();
+        let mut woken = arm_wake(&wake);
+        let poll = tokio::time::sleep(self.shared.config.poll_interval);
+        tokio::pin!(poll);
+        loop {
+            self.start_buffered().await;
+            if stop.is_cancelled() {
+                break;
+            }
+            self.claim_if_room();
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                (want, sent, result) = async { self.claiming.as_mut().expect("guarded").await },
+                    if self.claiming.is_some() =>
+                {
+                    self.claiming = None;
+                    self.accept(want, sent, result);
+                }
+                Some(joined) = self.running.join_next_with_id(), if !self.running.is_empty() => {
+                    self.reap(joined);
+                }
+                _ = &mut woken => {
+                    woken = arm_wake(&wake);
+                    self.poll_due = true;
+                }
+                _ = &mut poll => {
+                    poll.as_mut().reset(Instant::now() + self.shared.config.poll_interval);
+                    self.poll_due = true;
+                }
+            }
+        }
+        // A claim already sent may have taken jobs: receive them so shutdown releases them.
+        if let Some(claim) = self.claiming.take() {
+            let (want, sent, result) = claim.await;
+            self.accept(want, sent, result);
+        }
+    }
+
+    /// Sends a claim when work may be waiting and enough slots are free.
+    fn claim_if_room(&mut self) {
+        if self.claiming.is_some() || !self.poll_due {
+            return;
+        }
+        let config = &self.shared.config;
+        let held = self.running.len() + self.buffer.len();
+        let capacity = config.slots().saturating_sub(held);
+        if capacity < self.refill_at && !(held == 0 && capacity > 0) {
+            return;
+        }
+        let want = capacity.min(config.max_batch as usize) as u32;
+        let request = ClaimRequest::new(want, config.lease).max_reclaims(config.max_reclaims);
+        let backend = self.shared.backend.clone();
+        self.poll_due = false;
+        self.claiming = Some(Box::pin(async move {
+            let sent = Instant::now();
+            (want, sent, backend.claim(request).await)
+        }));
+    }
+
+    /// Buffers what a claim returned. A full batch means more work is likely waiting: claim
+    /// again as soon as there is room.
+    fn accept(&mut self, want: u32, sent: Instant, result: Result<ClaimBatch>) {
+        let queue = self.shared.backend.queue();
+        self.shared.stats.send_modify(|s| s.claim_passes += 1);
+        let batch = match result {
+            Ok(batch) => batch,
+            Err(err) => {
+                events::claim_failed(queue, &err);
+                return;
+            }
+        };
+        let got = batch.jobs.len();
+        self.shared.stats.send_modify(|s| s.claimed += got as u64);
+        for job in batch.jobs {
+            if job.taken_over {
+                events::job_reclaimed(queue, &job);
+            }
+            self.buffer.push_back(Buffered {
+                job,
+                lease_started: sent,
+            });
+        }
+        self.poll_due = got == want as usize;
+    }
+
+    /// Starts buffered jobs while slots are free; releases those whose lease is too far gone.
+    async fn start_buffered(&mut self) {
+        let config = &self.shared.config;
+        while self.running.len() < config.concurrency {
+            let Some(next) = self.buffer.pop_front() else {
+                return;
+            };
+            let lease_left = config
+                .lease
+                .duration()
+                .saturating_sub(next.lease_started.elapsed());
+            if !self.shared.handler.runs_long() && lease_left < config.job_timeout {
+                // Starting now could outlive the lease and race a second holder: give it back.
+                let reason = "too little lease left to start";
+                self.shared.finalizer.release(&next.job, reason).await;
+                continue;
+            }
+            let cancel = CancellationToken::new();
+            let job = Arc::new(next.job);
+            let deadline = next.lease_started + config.lease.duration();
+            let run = run_job(self.shared.clone(), job.clone(), cancel.clone(), deadline);
+            let task = self.running.spawn(run);
+            self.owners.insert(task.id(), Running { job, cancel });
+            self.shared.stats.send_modify(|s| s.started += 1);
+        }
+    }
+
+    /// Forgets a job task that ended; returns its job if the task ended abnormally.
+    pub(super) fn reap(&mut self, joined: Result<(Id, ()), JoinError>) -> Option<Arc<ClaimedJob>> {
+        let id = match &joined {
+            Ok((id, ())) => *id,
+            Err(err) => err.id(),
+        };
+        let owner = self.owners.remove(&id)?;
+        let Err(err) = joined else {
+            return None;
+        };
+        if !err.is_cancelled() {
+            // run_job catches handler panics itself; reaching here means the finalize path
+            // panicked.
+            let error = format!("job task ended abnormally: {err}");
+            let queue = self.shared.backend.queue();
+            events::finalize_failed(queue, Some(owner.job.claim()), 1, &error);
+        }
+        Some(owner.job)
+    }
+}
+
+/// A wake-up future, or one that never comes for backends without a signal.
+fn arm_wake(wake: &Option<Arc<Notify>>) -> Wake {
+    match wake {
+        // An owned `Notified` receives `notify_waiters` from the moment it exists, so a
+        // wake-up landing between an empty claim and the wait is not lost.
+        Some(notify) => Box::pin(notify.clone().notified_owned()),
+        None => Box::pin(std::future::pending()),
+    }
+}

@@ -1,0 +1,265 @@
+//! Running one claimed job: parse its payload, run the handler (with its timeout, panic capture
+//! and heartbeat), turn the result into the fenced write to make, and hand that to the
+//! finalizer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use serde::Deserialize as _;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Shared;
+use crate::backend::Backend;
+use crate::events;
+use crate::handler::{ErrorAction, Handler, JobContext, JobError};
+use crate::retry::RetryPolicy;
+use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, RECLAIM_CAP_MESSAGE, RunAt};
+
+/// Runs one job to its outcome. `lease_deadline` is the local estimate of when its lease ends.
+pub(super) async fn run_job<B: Backend, H: Handler>(
+    shared: Arc<Shared<B, H>>,
+    job: Arc<ClaimedJob>,
+    cancel: CancellationToken,
+    lease_deadline: Instant,
+) {
+    let span = tracing::info_span!(
+        "queue.job",
+        queue = %shared.backend.queue(),
+        job_id = job.id.0,
+        attempt = job.attempts,
+        generation = job.generation.0,
+    );
+    async move {
+        let action = outcome_of(&shared, &job, cancel, lease_deadline).await;
+        shared.finalizer.finish(&job, action).await;
+    }
+    .instrument(span)
+    .await
+}
+
+/// The fenced write a job's run leads to.
+async fn outcome_of<B: Backend, H: Handler>(
+    shared: &Arc<Shared<B, H>>,
+    job: &ClaimedJob,
+    cancel: CancellationToken,
+    lease_deadline: Instant,
+) -> Finalize {
+    if job.over_reclaim_cap {
+        // A poison job: its worker kept dying. Do not run it again; end it dead, fenced and with
+        // the hooks, like any other terminal outcome.
+        return Finalize::Dead {
+            reason: RECLAIM_CAP_MESSAGE.to_owned(),
+        };
+    }
+    match H::Payload::deserialize(&job.payload) {
+        Err(err) => {
+            events::payload_malformed(shared.backend.queue(), job.id, &err);
+            Finalize::Fail {
+                error: format!("malformed payload: {err}"),
+            }
+        }
+        Ok(payload) => {
+            let result = run_handler(shared, job, payload, cancel, lease_deadline).await;
+            decide(&shared.config.retry, job, result)
+        }
+    }
+}
+
+/// Runs the handler under the job timeout, with panics caught and, for long runners, the
+/// heartbeat.
+async fn run_handler<B: Backend, H: Handler>(
+    shared: &Arc<Shared<B, H>>,
+    job: &ClaimedJob,
+    payload: H::Payload,
+    cancel: CancellationToken,
+    lease_deadline: Instant,
+) -> Result<(), JobError> {
+    let queue = shared.backend.queue();
+    let mut ctx = JobContext::new(queue.clone(), job, cancel.clone());
+    if !shared.handler.runs_long() {
+        ctx = ctx.with_lease_deadline(lease_deadline);
+    }
+    // Caught in place rather than in a task of its own: a panic becomes a retryable error
+    // without a spawn per job.
+    let run = CatchUnwind(Box::pin(shared.handler.handle(ctx, payload)));
+    let _heartbeat = shared
+        .handler
+        .runs_long()
+        .then(|| AbortOnDrop(tokio::spawn(heartbeat(shared.clone(), job.claim(), cancel))));
+    let timeout = shared.config.job_timeout;
+    match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => {
+            let message = panic_message(&*panic);
+            events::handler_panicked(queue, job.id, &message);
+            Err(JobError::retry(format!("handler panicked: {message}")))
+        }
+        Err(_) => {
+            events::handler_timed_out(queue, job.id, timeout);
+            Err(JobError::retry(format!(
+                "handler timed out after {timeout:?}"
+            )))
+        }
+    }
+}
+
+/// Aborts the wrapped task when dropped, so the heartbeat ends with its job.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Polls a future, turning a panic inside it into an error.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".to_owned())
+}
+
+/// Extends the lease every third of it; a stale heartbeat means the lease is lost: cancel.
+async fn heartbeat<B: Backend, H: Handler>(
+    shared: Arc<Shared<B, H>>,
+    claim: Claim,
+    cancel: CancellationToken,
+) {
+    let queue = shared.backend.queue();
+    let every = shared.config.lease.duration() / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match shared.backend.extend_lease(claim).await {
+            Ok(FinalizeOutcome::Applied) => {}
+            Ok(FinalizeOutcome::Stale) => {
+                events::lease_lost(queue, claim);
+                cancel.cancel();
+                return;
+            }
+            // Tried again at the next tick; the lease has slack for two misses.
+            Err(err) => events::heartbeat_failed(queue, claim, &err),
+        }
+    }
+}
+
+/// Turns a handler result into the fenced write to make.
+pub(super) fn decide(
+    policy: &RetryPolicy,
+    job: &ClaimedJob,
+    result: Result<(), JobError>,
+) -> Finalize {
+    let err = match result {
+        Ok(()) => return Finalize::Complete,
+        Err(err) => err,
+    };
+    let previous = job.handler_errors();
+    let error = err.to_string();
+    match err.action() {
+        ErrorAction::Fail => Finalize::Fail { error },
+        ErrorAction::Cancel => Finalize::Cancel { reason: error },
+        ErrorAction::Release => Finalize::Release,
+        ErrorAction::Retry | ErrorAction::RetryAfter(_) if policy.gives_up_after(previous) => {
+            Finalize::Fail {
+                error: format!(
+                    "{error} (gave up after {} failing runs)",
+                    previous.saturating_add(1)
+                ),
+            }
+        }
+        ErrorAction::Retry => Finalize::Retry {
+            at: RunAt::After(policy.backoff(previous)),
+            error,
+        },
+        ErrorAction::RetryAfter(delay) => Finalize::Retry {
+            at: RunAt::After(delay),
+            error,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::types::{ClaimGeneration, JobId};
+
+    fn job(attempts: i32, reclaims: i32) -> ClaimedJob {
+        ClaimedJob {
+            id: JobId(1),
+            generation: ClaimGeneration(attempts as i64),
+            attempts,
+            reclaims,
+            taken_over: false,
+            over_reclaim_cap: false,
+            claimed_at: chrono::Utc::now(),
+            priority: 0,
+            payload: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn decide_maps_intents_and_counts_handler_errors_only() {
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            jitter: false,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(decide(&policy, &job(1, 0), Ok(())), Finalize::Complete);
+        assert!(matches!(
+            decide(&policy, &job(1, 0), Err(JobError::retry("x"))),
+            Finalize::Retry {
+                at: RunAt::After(d),
+                ..
+            } if d == Duration::from_secs(1)
+        ));
+        // Third failing run (two earlier errors) gives up.
+        assert!(matches!(
+            decide(&policy, &job(3, 0), Err(JobError::retry("x"))),
+            Finalize::Fail { error } if error.contains("gave up after 3")
+        ));
+        // Same attempts, but two of them were lease takeovers: only one handler error so far.
+        assert!(matches!(
+            decide(&policy, &job(4, 2), Err(JobError::retry("x"))),
+            Finalize::Retry { .. }
+        ));
+        assert!(matches!(
+            decide(&policy, &job(1, 0), Err(JobError::fail("no"))),
+            Finalize::Fail { error } if error == "no"
+        ));
+        assert!(matches!(
+            decide(&policy, &job(1, 0), Err(JobError::cancel("moot"))),
+            Finalize::Cancel { .. }
+        ));
+        assert_eq!(
+            decide(&policy, &job(9, 0), Err(JobError::release("no lease left"))),
+            Finalize::Release
+        );
+        assert!(matches!(
+            decide(&policy, &job(1, 0), Err(JobError::retry_after(Duration::from_secs(7), "later"))),
+            Finalize::Retry { at: RunAt::After(d), .. } if d == Duration::from_secs(7)
+        ));
+    }
+}

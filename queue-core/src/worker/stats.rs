@@ -1,0 +1,74 @@
+//! What a worker counts, and what its shutdown reports.
+
+use crate::types::{Finalize, FinalizeOutcome};
+
+/// Counters of what a worker has done since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Claim statements that returned, empty or not (a test waits on this to know the worker
+    /// has polled).
+    pub claim_passes: u64,
+    /// Jobs claimed.
+    pub claimed: u64,
+    /// Handler runs started.
+    pub started: u64,
+    /// Jobs completed (fenced write applied).
+    pub completed: u64,
+    /// Jobs scheduled for a retry (applied).
+    pub retried: u64,
+    /// Jobs failed terminally (applied).
+    pub failed: u64,
+    /// Jobs cancelled by their handler (applied).
+    pub cancelled: u64,
+    /// Claims released unstarted (applied).
+    pub released: u64,
+    /// Writes refused by the fence.
+    pub stale: u64,
+    /// Jobs ended `dead` at the reclaim cap (applied).
+    pub dead: u64,
+    /// Finalizes that failed for good (the job waits for its lease to lapse).
+    pub finalize_errors: u64,
+}
+
+impl WorkerStats {
+    /// Outcomes written or fenced: every claimed job ends up counted here exactly once (unless
+    /// its finalize failed for good).
+    pub fn finished(&self) -> u64 {
+        self.completed
+            + self.retried
+            + self.failed
+            + self.cancelled
+            + self.released
+            + self.stale
+            + self.finalize_errors
+    }
+
+    pub(super) fn record(&mut self, action: &Finalize, outcome: FinalizeOutcome) {
+        if outcome == FinalizeOutcome::Stale {
+            self.stale += 1;
+            return;
+        }
+        match action {
+            Finalize::Complete => self.completed += 1,
+            Finalize::Retry { .. } => self.retried += 1,
+            Finalize::Fail { .. } => self.failed += 1,
+            Finalize::Cancel { .. } => self.cancelled += 1,
+            Finalize::Release => self.released += 1,
+            Finalize::Dead { .. } => self.dead += 1,
+        }
+    }
+}
+
+/// What a graceful shutdown did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Claimed-but-unstarted jobs released with a fenced `release`.
+    pub released_unstarted: u64,
+    /// Running jobs that finished within the deadline.
+    pub finished_in_time: u64,
+    /// Running jobs aborted after the deadline and grace; released (fenced, with the hooks) so
+    /// that nothing waits for a lease to lapse.
+    pub aborted: u64,
+    /// The worker's counters at the end, every outcome of the shutdown included.
+    pub stats: WorkerStats,
+}

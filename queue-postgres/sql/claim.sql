@@ -1,0 +1,53 @@
+-- The claim: recovery folded in, by the database's clock only.
+--
+-- Parameters: $1 queue; $2 batch size; $3 lease in seconds; $4 reclaim cap.
+--
+-- Takes due pending jobs, and in-flight jobs whose lease expired (a NULL claimed_at counts as
+-- expired, so rows a pre-lease release stranded are taken at once), in next_attempt_at then
+-- priority order. Each predicate is its own ordered, index-backed FOR UPDATE SKIP LOCKED pick,
+-- so the cost stays flat however large the backlog; PostgreSQL refuses FOR UPDATE under UNION,
+-- hence two materialized CTEs merged afterwards. Every claimed row gets status in_flight,
+-- attempts + 1, claimed_at = now() and claim_generation + 1 (the fence token); a takeover also
+-- counts a reclaim, and one past the reclaim cap comes back flagged over_reclaim_cap (its holder
+-- ends it dead through finalize.sql, with the hooks). Rows come back in claim order.
+WITH due AS MATERIALIZED (
+    SELECT id, next_attempt_at, priority, reclaims, false AS expired
+    FROM "{{table}}"
+    WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, priority, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+expired AS MATERIALIZED (
+    SELECT id, next_attempt_at, priority, reclaims, true AS expired
+    FROM "{{table}}"
+    WHERE queue = $1 AND status = 'in_flight'
+      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
+    ORDER BY claimed_at NULLS FIRST
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+picked AS (
+    SELECT id, expired, reclaims
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    ORDER BY next_attempt_at, priority, id
+    LIMIT $2
+),
+claimed AS (
+    UPDATE "{{table}}" AS j
+    SET status = 'in_flight',
+        attempts = j.attempts + 1,
+        reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
+        claimed_at = now(),
+        claim_generation = j.claim_generation + 1,
+        updated_at = now()
+    FROM picked AS p
+    WHERE j.id = p.id
+    RETURNING j.id, j.claim_generation, j.attempts, j.reclaims, j.claimed_at, j.priority,
+              j.payload, j.next_attempt_at, p.expired AS taken_over,
+              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap
+)
+SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, taken_over,
+       over_reclaim_cap
+FROM claimed
+ORDER BY next_attempt_at, priority, id

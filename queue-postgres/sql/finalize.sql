@@ -1,0 +1,25 @@
+-- Every lease-holder write but the heartbeat, for one job or many.
+--
+-- Parameters, one array element per write: $1 ids; $2 generations; $3 the status to write;
+-- $4 whether to give the claim's attempt back (a release); $5 retry instants and $6 retry delays
+-- in seconds (both NULL: next_attempt_at stays); $7 errors (NULL: last_error stays); $8 whether
+-- the status is terminal (stamps finished_at). What each outcome writes is decided in Rust
+-- (queue_postgres's encode.rs, from queue_core::Finalize), never here.
+--
+-- Guarantees: each row is a compare-and-set on (id, status = 'in_flight', claim_generation);
+-- the rows returned are the writes that applied, the rest were refused by the fence (Stale).
+UPDATE "{{table}}" AS j
+SET status = u.status,
+    attempts = j.attempts - CASE WHEN u.give_back THEN 1 ELSE 0 END,
+    next_attempt_at = CASE
+        WHEN u.run_at IS NOT NULL THEN u.run_at
+        WHEN u.delay_secs IS NOT NULL THEN now() + make_interval(secs => u.delay_secs)
+        ELSE j.next_attempt_at END,
+    last_error = COALESCE(u.error, j.last_error),
+    updated_at = now(),
+    finished_at = CASE WHEN u.terminal THEN now() END
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[],
+            $6::float8[], $7::text[], $8::bool[])
+     AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal)
+WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
+RETURNING j.id, u.claim_generation

@@ -1,0 +1,216 @@
+//! The sqlx driver: binds and row reading on sqlx's `PgPool`, its `LISTEN` connection, and the
+//! framework's migrator.
+
+mod listener;
+
+use std::ops::{Deref, DerefMut};
+use std::sync::LazyLock;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Row as _, SqlSafeStr};
+
+use crate::config::PgQueueConfig;
+use crate::driver::{BoxFuture, Column, Driver, Param, ParamVisitor, Params, Sealed};
+use crate::error::PgError;
+use crate::ident::TableName;
+use crate::queue::{PostgresQueue, PostgresTx};
+use crate::schema::MIGRATIONS_TABLE;
+use crate::sql;
+
+/// The sqlx driver (feature `sqlx`): [`PgQueue`] on a [`sqlx::PgPool`].
+#[derive(Debug, Clone, Copy)]
+pub struct Sqlx;
+
+/// A queue on sqlx: [`PostgresQueue`] with the [`Sqlx`] driver.
+///
+/// ```no_run
+/// use queue_postgres::{PgQueue, PgQueueConfig};
+/// use queue_core::{Backend, NewJob};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+/// queue_postgres::migrate(&pool).await?; // the standard table `queue_jobs`
+/// let queue = PgQueue::connect(pool, PgQueueConfig::default()).await?; // checks the schema
+/// queue.enqueue(NewJob::new(&"hello")?).await?;
+/// # Ok(()) }
+/// ```
+pub type PgQueue = PostgresQueue<Sqlx>;
+
+/// A transaction on sqlx. It dereferences to [`PgConnection`], so a hook can also write with
+/// `sqlx::query(…).execute(&mut **tx)`.
+pub type PgTx = PostgresTx<Sqlx>;
+
+/// The values sqlx can bind.
+pub trait SqlxParam<'p>: sqlx::Encode<'p, Postgres> + sqlx::Type<Postgres> {}
+impl<'p, T: sqlx::Encode<'p, Postgres> + sqlx::Type<Postgres> + ?Sized> SqlxParam<'p> for T {}
+
+/// The values sqlx can read.
+pub trait SqlxColumn: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres> {}
+impl<T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>> SqlxColumn for T {}
+
+impl Sealed for Sqlx {}
+
+impl Driver for Sqlx {
+    type Pool = PgPool;
+    type Pooled = PoolConnection<Postgres>;
+    type Tx = sqlx::Transaction<'static, Postgres>;
+    type Conn<'c> = &'c mut PgConnection;
+    type Row = PgRow;
+
+    async fn acquire(pool: &PgPool) -> Result<Self::Pooled, PgError> {
+        Ok(pool.acquire().await?)
+    }
+
+    fn pooled(conn: &mut Self::Pooled) -> &mut PgConnection {
+        conn
+    }
+
+    async fn begin(pool: &PgPool) -> Result<Self::Tx, PgError> {
+        Ok(pool.begin().await?)
+    }
+
+    fn in_tx(tx: &mut Self::Tx) -> &mut PgConnection {
+        tx
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), PgError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(tx: Self::Tx) -> Result<(), PgError> {
+        Ok(tx.rollback().await?)
+    }
+
+    fn reborrow<'a>(conn: &'a mut &mut PgConnection) -> &'a mut PgConnection {
+        conn
+    }
+
+    fn query<'c: 'q, 'q, 'p: 'q, P: Params<'p> + 'q>(
+        conn: &'c mut PgConnection,
+        sql: &'q str,
+        params: &'q P,
+    ) -> BoxFuture<'q, Result<Vec<PgRow>, PgError>> {
+        Box::pin(async move { Ok(bind(sql, params).fetch_all(conn).await?) })
+    }
+
+    fn execute<'c: 'q, 'q, 'p: 'q, P: Params<'p> + 'q>(
+        conn: &'c mut PgConnection,
+        sql: &'q str,
+        params: &'q P,
+    ) -> BoxFuture<'q, Result<u64, PgError>> {
+        Box::pin(async move { Ok(bind(sql, params).execute(conn).await?.rows_affected()) })
+    }
+
+    fn batch_execute<'c: 'q, 'q>(
+        conn: &'c mut PgConnection,
+        sql: &'q str,
+    ) -> BoxFuture<'q, Result<(), PgError>> {
+        Box::pin(async move {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await?;
+            Ok(())
+        })
+    }
+
+    fn get<T: Column>(row: &PgRow, column: &str) -> Result<T, PgError> {
+        Ok(row.try_get(column)?)
+    }
+}
+
+/// `sql` with `params` bound, `$1` first.
+fn bind<'p, P: Params<'p>>(sql: &str, params: &P) -> Query<'static, Postgres, PgArguments> {
+    struct Binder(Option<Query<'static, Postgres, PgArguments>>);
+    impl<'s, 'p> ParamVisitor<'s, 'p> for Binder {
+        fn param<T: Param<'p>>(&mut self, value: &'s T) {
+            self.0 = self.0.take().map(|query| query.bind(value));
+        }
+    }
+    let mut binder = Binder(Some(sqlx::query(AssertSqlSafe(sql))));
+    params.visit(&mut binder);
+    binder.0.expect("the binder keeps its query")
+}
+
+impl PostgresQueue<Sqlx> {
+    /// A queue handle on `pool`. Checks the table's schema first and refuses a table that is not
+    /// on the lease schema ([`PgError::Schema`]); with `config.listen`, starts a `LISTEN`
+    /// connection with the pool's connect options (its own one-connection pool).
+    pub async fn connect(pool: PgPool, config: PgQueueConfig) -> Result<Self, PgError> {
+        let options = pool.connect_options().as_ref().clone();
+        let listen =
+            Box::new(move |channel, queue, wake| listener::spawn(options, channel, queue, wake));
+        Self::open(pool, config, listen).await
+    }
+}
+
+impl From<sqlx::Transaction<'static, Postgres>> for PostgresTx<Sqlx> {
+    /// Wraps a transaction the caller began, so that the queue's writes join the caller's own.
+    fn from(tx: sqlx::Transaction<'static, Postgres>) -> Self {
+        PostgresTx { tx }
+    }
+}
+
+impl Deref for PostgresTx<Sqlx> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for PostgresTx<Sqlx> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+/// The framework's migrations of the standard table `queue_jobs`, recorded in their own table
+/// ([`MIGRATIONS_TABLE`]) so that they coexist with a service's own migrator.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let table = TableName::default();
+    let migrations = sql::TABLE_MIGRATIONS
+        .iter()
+        .map(|(version, description, template)| {
+            let text = sql::for_table(*template, &table).expect("the standard table renders");
+            Migration::new(
+                *version,
+                (*description).into(),
+                MigrationType::Simple,
+                AssertSqlSafe(text).into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+});
+
+/// Applies the framework's migrations (idempotent; safe to run from every replica at start-up:
+/// the migrator takes an advisory lock).
+pub async fn migrate(pool: &PgPool) -> Result<(), PgError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The standard table's migration is byte for byte what earlier releases applied: a database
+    /// migrated by them must not see its checksum change.
+    #[test]
+    fn the_standard_migration_keeps_its_checksum() {
+        let migration = MIGRATOR.iter().next().expect("one migration");
+        assert_eq!(migration.version, 20261130000001);
+        let hex: String = migration
+            .checksum
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "53863fd27796268632544b754acf9f0132e673ef92e47f7061d4aab71c632a83aa6b981ed23f70c3c6a6357eecb4ac2e"
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! One function per named statement: typed values in, typed rows out, one error type, on any
+//! [`Driver`] and any connection (pooled, a transaction, or the caller's own). The SQL is in
+//! `sql/`; what the rows mean is here, once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use queue_core::{
+    Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId,
+    JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
+};
+
+use crate::driver::{Column, Driver};
+use crate::encode::{self, EnqueueColumns, FinalizeColumns, parse_status};
+use crate::error::PgError;
+use crate::ident::TableName;
+use crate::schema::TableFacts;
+use crate::sql::{self, Sql, col};
+
+/// Where an enqueue goes: the queue, its table (for the id sequence) and the wake-up channel
+/// (`None`: no `NOTIFY`).
+pub(crate) struct EnqueueTarget<'a> {
+    pub(crate) queue: &'a QueueName,
+    pub(crate) quoted_table: &'a str,
+    pub(crate) channel: Option<&'a str>,
+}
+
+/// `enqueue.sql`, then `lookup_unique.sql` for keys that were already taken.
+pub(crate) async fn enqueue<D: Driver>(
+    mut conn: D::Conn<'_>,
+    sql: &Sql,
+    target: &EnqueueTarget<'_>,
+    jobs: Vec<NewJob>,
+) -> Result<Vec<Enqueued>, PgError> {
+    let c = EnqueueColumns::new(jobs);
+    let params = (
+        target.queue.as_str(),
+        target.quoted_table,
+        &c.payloads,
+        &c.priorities,
+        &c.run_ats,
+        &c.delays,
+        &c.keys,
+        target.channel,
+    );
+    let rows = D::query(D::reborrow(&mut conn), &sql.enqueue, &params).await?;
+    let rows = rows
+        .iter()
+        .map(|row| {
+            Ok((
+                get::<D, _>(row, "id")?,
+                get::<D, _>(row, "inserted")?,
+                get::<D, _>(row, "unique_key")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, PgError>>()?;
+    let (mut out, unresolved) = encode::enqueued_from_rows(rows);
+    if !unresolved.is_empty() {
+        let keys: Vec<&str> = unresolved.iter().map(|(_, key)| key.as_str()).collect();
+        let params = (target.queue.as_str(), &keys);
+        let holders = D::query(conn, &sql.lookup_unique, &params)
+            .await?
+            .iter()
+            .map(|row| Ok((get::<D, _>(row, "unique_key")?, get::<D, _>(row, "id")?)))
+            .collect::<Result<HashMap<String, i64>, PgError>>()?;
+        encode::resolve_duplicates(&mut out, unresolved, holders)?;
+    }
+    Ok(out)
+}
+
+/// `claim.sql`.
+pub(crate) async fn claim<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>, PgError> {
+    let params = (
+        queue.as_str(),
+        i64::from(request.batch_size.max(1)),
+        request.lease.as_secs_f64(),
+        i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
+    );
+    let rows = D::query(conn, &sql.claim, &params).await?;
+    rows.iter().map(claimed_job::<D>).collect()
+}
+
+/// `finalize.sql`: one outcome per item, in order; an item repeated in one call applies at
+/// most once.
+pub(crate) async fn finalize<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    items: &[(Claim, Finalize)],
+) -> Result<Vec<FinalizeOutcome>, PgError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let c = FinalizeColumns::new(items);
+    let params = (
+        &c.ids,
+        &c.generations,
+        &c.statuses,
+        &c.give_backs,
+        &c.run_ats,
+        &c.delays,
+        &c.errors,
+        &c.terminals,
+    );
+    let applied = D::query(conn, &sql.finalize, &params)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                get::<D, i64>(row, "id")?,
+                get::<D, i64>(row, "claim_generation")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, PgError>>()?;
+    Ok(encode::outcomes(items, applied))
+}
+
+/// `extend_lease.sql`.
+pub(crate) async fn extend_lease<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    claim: Claim,
+) -> Result<FinalizeOutcome, PgError> {
+    let rows = D::execute(conn, &sql.extend_lease, &(claim.id.0, claim.generation.0)).await?;
+    Ok(FinalizeOutcome::from_rows_affected(rows))
+}
+
+/// `cancel.sql`: `None` when there is no such job; otherwise whether it was cancelled, and the
+/// status the statement saw.
+pub(crate) async fn cancel<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    id: JobId,
+) -> Result<Option<(bool, JobStatus)>, PgError> {
+    let rows = D::query(conn, &sql.cancel, &(id.0, queue.as_str())).await?;
+    rows.first()
+        .map(|row| {
+            let status = parse_status(id.0, get::<D, String>(row, "status")?)?;
+            Ok((get::<D, bool>(row, "cancelled")?, status))
+        })
+        .transpose()
+}
+
+/// `get.sql`.
+pub(crate) async fn get_job<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    id: JobId,
+) -> Result<Option<JobRecord>, PgError> {
+    let rows = D::query(conn, &sql.get, &(id.0, queue.as_str())).await?;
+    rows.first().map(job_record::<D>).transpose()
+}
+
+/// `counts.sql`.
+pub(crate) async fn counts<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<QueueCounts, PgError> {
+    let mut counts = QueueCounts::default();
+    for row in D::query(conn, &sql.counts, &(queue.as_str(),)).await? {
+        let status = parse_status(-1, get::<D, String>(&row, "status")?)?;
+        counts.add(status, get::<D, i64>(&row, "jobs")? as u64);
+    }
+    Ok(counts)
+}
+
+/// `sweep_finished.sql`, once: how many rows it deleted.
+pub(crate) async fn sweep_finished<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    older_than: Duration,
+    limit: i64,
+) -> Result<u64, PgError> {
+    D::execute(
+        conn,
+        &sql.sweep_finished,
+        &(older_than.as_secs_f64(), limit),
+    )
+    .await
+}
+
+/// `notify.sql`: the queue's wake-up, delivered when `conn`'s transaction commits.
+pub(crate) async fn notify<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    channel: &str,
+    queue: &QueueName,
+) -> Result<(), PgError> {
+    D::query(conn, &sql.notify, &(channel, queue.as_str())).await?;
+    Ok(())
+}
+
+/// `table_columns.sql`, `table_indexes.sql` and `table_id_sequence.sql`: what the schema check
+/// judges.
+pub(crate) async fn table_facts<D: Driver>(
+    mut conn: D::Conn<'_>,
+    table: &TableName,
+) -> Result<TableFacts, PgError> {
+    let quoted = table.quoted();
+    let text = |template| sql::for_table(template, table);
+    let params = (quoted.as_str(),);
+    let columns = D::query(D::reborrow(&mut conn), &text(sql::TABLE_COLUMNS)?, &params)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                get::<D, String>(row, "name")?,
+                get::<D, String>(row, "type")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, PgError>>()?;
+    let indexes = D::query(D::reborrow(&mut conn), &text(sql::TABLE_INDEXES)?, &params)
+        .await?
+        .iter()
+        .map(|row| get::<D, String>(row, "name"))
+        .collect::<Result<Vec<_>, PgError>>()?;
+    let sequence = D::query(conn, &text(sql::TABLE_ID_SEQUENCE)?, &params).await?;
+    let id_has_sequence = match sequence.first() {
+        Some(row) => get::<D, Option<bool>>(row, "has_sequence")? == Some(true),
+        None => false,
+    };
+    Ok(TableFacts {
+        columns,
+        indexes,
+        id_has_sequence,
+    })
+}
+
+fn get<D: Driver, T: Column>(row: &D::Row, column: &str) -> Result<T, PgError> {
+    D::get(row, column)
+}
+
+/// A row of `claim.sql` as a claimed job.
+fn claimed_job<D: Driver>(row: &D::Row) -> Result<ClaimedJob, PgError> {
+    Ok(ClaimedJob {
+        id: JobId(get::<D, _>(row, "id")?),
+        generation: ClaimGeneration(get::<D, _>(row, "claim_generation")?),
+        attempts: get::<D, _>(row, "attempts")?,
+        reclaims: get::<D, _>(row, "reclaims")?,
+        taken_over: get::<D, _>(row, "taken_over")?,
+        over_reclaim_cap: get::<D, _>(row, "over_reclaim_cap")?,
+        claimed_at: get::<D, _>(row, "claimed_at")?,
+        priority: get::<D, _>(row, "priority")?,
+        payload: get::<D, _>(row, "payload")?,
+    })
+}
+
+/// A row of `get.sql` (the table's [`sql::COLUMNS`]) as a job record.
+fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
+    let id: i64 = get::<D, _>(row, col::ID)?;
+    Ok(JobRecord {
+        id: JobId(id),
+        queue: get::<D, _>(row, col::QUEUE)?,
+        status: parse_status(id, get::<D, _>(row, col::STATUS)?)?,
+        payload: get::<D, _>(row, col::PAYLOAD)?,
+        priority: get::<D, _>(row, col::PRIORITY)?,
+        attempts: get::<D, _>(row, col::ATTEMPTS)?,
+        reclaims: get::<D, _>(row, col::RECLAIMS)?,
+        next_attempt_at: get::<D, _>(row, col::NEXT_ATTEMPT_AT)?,
+        claimed_at: get::<D, _>(row, col::CLAIMED_AT)?,
+        claim_generation: ClaimGeneration(get::<D, _>(row, col::CLAIM_GENERATION)?),
+        last_error: get::<D, _>(row, col::LAST_ERROR)?,
+        unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,
+        created_at: get::<D, _>(row, col::CREATED_AT)?,
+        updated_at: get::<D, _>(row, col::UPDATED_AT)?,
+        finished_at: get::<D, _>(row, col::FINISHED_AT)?,
+    })
+}
