@@ -3,6 +3,9 @@
 //! connection inside `BEGIN`, and its own `LISTEN` connection.
 
 mod listener;
+mod transaction;
+
+use transaction::OpenTransaction;
 
 use std::ops::{Deref, DerefMut};
 
@@ -72,6 +75,16 @@ impl<'c> From<&'c Transaction<'c>> for TokioPostgresConn<'c> {
     }
 }
 
+/// Runs `$body` with `$c` bound to the client inside `$conn`, whichever kind it is.
+macro_rules! on_client {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            TokioPostgresConn::Client($c) => $body,
+            TokioPostgresConn::Transaction($c) => $body,
+        }
+    };
+}
+
 /// The values tokio-postgres can bind.
 pub trait TokioPostgresParam: ToSql + Sync {}
 impl<T: ToSql + Sync + ?Sized> TokioPostgresParam for T {}
@@ -79,60 +92,6 @@ impl<T: ToSql + Sync + ?Sized> TokioPostgresParam for T {}
 /// The values tokio-postgres can read.
 pub trait TokioPostgresColumn: for<'a> FromSql<'a> {}
 impl<T: for<'a> FromSql<'a>> TokioPostgresColumn for T {}
-
-/// A pooled connection inside `BEGIN`. Dropped without commit, it rolls back before the pool
-/// reuses the connection.
-pub struct OpenTransaction {
-    client: Option<Object>,
-}
-
-impl OpenTransaction {
-    fn client(&self) -> &Object {
-        self.client.as_ref().expect("an open transaction")
-    }
-
-    async fn finish(mut self, statement: &str) -> Result<(), PgError> {
-        let client = self.client.take().expect("an open transaction");
-        match client.batch_execute(statement).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                // The connection's state is unknown: never hand it out again.
-                let _ = Object::take(client);
-                Err(err.into())
-            }
-        }
-    }
-}
-
-impl Drop for OpenTransaction {
-    fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        // Dropped inside BEGIN: roll back before the pool reuses the connection; without a
-        // runtime to do that, take the connection out of the pool instead.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if client.batch_execute("ROLLBACK").await.is_err() {
-                        let _ = Object::take(client);
-                    }
-                });
-            }
-            Err(_) => {
-                let _ = Object::take(client);
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for OpenTransaction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenTransaction")
-            .field("open", &self.client.is_some())
-            .finish()
-    }
-}
 
 impl Sealed for TokioPostgres {}
 
@@ -183,10 +142,7 @@ impl Driver for TokioPostgres {
         Box::pin(async move {
             let params = refs(params);
             let statement = conn.prepare(sql).await?;
-            Ok(match conn {
-                TokioPostgresConn::Client(client) => client.query(&statement, &params).await?,
-                TokioPostgresConn::Transaction(tx) => tx.query(&statement, &params).await?,
-            })
+            Ok(on_client!(conn, c => c.query(&statement, &params).await?))
         })
     }
 
@@ -198,10 +154,7 @@ impl Driver for TokioPostgres {
         Box::pin(async move {
             let params = refs(params);
             let statement = conn.prepare(sql).await?;
-            Ok(match conn {
-                TokioPostgresConn::Client(client) => client.execute(&statement, &params).await?,
-                TokioPostgresConn::Transaction(tx) => tx.execute(&statement, &params).await?,
-            })
+            Ok(on_client!(conn, c => c.execute(&statement, &params).await?))
         })
     }
 
@@ -210,10 +163,7 @@ impl Driver for TokioPostgres {
         sql: &'q str,
     ) -> BoxFuture<'q, Result<(), PgError>> {
         Box::pin(async move {
-            match conn {
-                TokioPostgresConn::Client(client) => client.batch_execute(sql).await?,
-                TokioPostgresConn::Transaction(tx) => tx.batch_execute(sql).await?,
-            }
+            on_client!(conn, c => c.batch_execute(sql).await?);
             Ok(())
         })
     }
@@ -241,10 +191,7 @@ fn refs<'s, 'p, P: Params<'p>>(params: &'s P) -> Refs<'s> {
 impl TokioPostgresConn<'_> {
     /// `sql` prepared on this connection, once per connection (deadpool's statement cache).
     async fn prepare(self, sql: &str) -> Result<tokio_postgres::Statement, PgError> {
-        Ok(match self {
-            TokioPostgresConn::Client(client) => client.prepare_cached(sql).await?,
-            TokioPostgresConn::Transaction(tx) => tx.prepare_cached(sql).await?,
-        })
+        Ok(on_client!(self, c => c.prepare_cached(sql).await?))
     }
 }
 
