@@ -1,0 +1,8 @@
+//! The receipts service of `docs/adopting.md`: it stores orders and mails a receipt for each
+//! one through a queue in a table of its own, `receipt_jobs`.
+
+pub mod hooks;
+pub mod orders;
+pub mod receipt;
+#[cfg(test)]
+mod tests;

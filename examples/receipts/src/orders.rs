@@ -1,0 +1,51 @@
+//! Placing an order: the order row and its receipt job commit together, or neither does.
+
+use queue_core::{BoxError, NewJob};
+use queue_postgres::PgQueue;
+use sqlx::PgPool;
+
+use crate::receipt::SendReceipt;
+
+/// Stores an order and enqueues its receipt in the same transaction.
+pub async fn place_order(pool: &PgPool, queue: &PgQueue, email: &str) -> Result<i64, BoxError> {
+    let mut tx = pool.begin().await?;
+    let order_id: i64 = sqlx::query_scalar("INSERT INTO orders (email) VALUES ($1) RETURNING id")
+        .bind(email)
+        .fetch_one(&mut *tx)
+        .await?;
+    let receipt = SendReceipt {
+        order_id,
+        email: email.to_owned(),
+    };
+    let job = NewJob::new(&receipt)?.unique_key(format!("receipt-{order_id}"));
+    // Any `&mut PgConnection` works: here, the order's own transaction.
+    queue.enqueue_with(&mut tx, vec![job]).await?;
+    tx.commit().await?; // the NOTIFY that wakes idle workers is delivered now
+    Ok(order_id)
+}
+
+/// The same with your own INSERT (for a table with extra columns the framework does not
+/// know): send the wake-up yourself.
+pub async fn place_order_own_insert(
+    pool: &PgPool,
+    queue: &PgQueue,
+    email: &str,
+) -> Result<i64, BoxError> {
+    let mut tx = pool.begin().await?;
+    let order_id: i64 = sqlx::query_scalar("INSERT INTO orders (email) VALUES ($1) RETURNING id")
+        .bind(email)
+        .fetch_one(&mut *tx)
+        .await?;
+    let payload = serde_json::to_value(SendReceipt {
+        order_id,
+        email: email.to_owned(),
+    })?;
+    sqlx::query("INSERT INTO receipt_jobs (queue, payload) VALUES ($1, $2)")
+        .bind(queue.config().queue.as_str())
+        .bind(payload)
+        .execute(&mut *tx)
+        .await?;
+    queue.notify_in(&mut tx).await?;
+    tx.commit().await?;
+    Ok(order_id)
+}

@@ -1,0 +1,156 @@
+//! Tests of the receipt queue: on the in-memory backend, and on a scratch PostgreSQL database.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use queue_core::{
+    Backend, BoxError, ClaimRequest, Finalize, FinalizeEvent, FinalizeHook, FinalizeOutcome,
+    JobStatus, Lease, MemoryBackend, MemoryTx, NewJob, QueueName, Worker, WorkerConfig,
+};
+use queue_postgres::testing::{ScratchDb, age_rows};
+use queue_postgres::{PgQueue, PgQueueConfig, TableName};
+
+use crate::receipt::{Mailer, ReceiptHandler, SendReceipt};
+
+fn receipt(order_id: i64, email: &str) -> Result<NewJob, BoxError> {
+    let email = email.to_owned();
+    Ok(NewJob::new(&SendReceipt { order_id, email })?)
+}
+
+/// Polls often, so that tests do not wait a second for each retry.
+fn quick() -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(20),
+        ..WorkerConfig::default()
+    }
+}
+
+/// Long enough for any of these tests; a broken one fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_receipt_is_sent_once_and_a_bounce_fails_without_retry() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    let good = queue.enqueue(receipt(7, "ada@example.com")?).await?.id;
+    let bounced = queue.enqueue(receipt(8, "bob@bounce.example")?).await?.id;
+    let mailer = Mailer::default();
+    let handler = ReceiptHandler::new(mailer.clone());
+    let worker = Worker::new(queue.clone(), handler, quick())?.start();
+    worker
+        .wait_for_timeout(PATIENCE, |s| s.completed == 1 && s.failed == 1)
+        .await?;
+    worker.shutdown().await?;
+    assert_eq!(queue.get(good).await?.unwrap().status, JobStatus::Completed);
+    let failed = queue.get(bounced).await?.unwrap();
+    assert_eq!((failed.status, failed.attempts), (JobStatus::Failed, 1));
+    assert_eq!(mailer.sent(), vec!["receipt-7".to_owned()]);
+    Ok(())
+}
+
+/// Counts completions; the count moves only when the finalize transaction commits.
+struct CountSent(Arc<AtomicU64>);
+
+impl FinalizeHook<MemoryTx, SendReceipt> for CountSent {
+    async fn after_applied(
+        &self,
+        tx: &mut MemoryTx,
+        event: &FinalizeEvent<'_, SendReceipt>,
+    ) -> Result<(), BoxError> {
+        if matches!(event.action, Finalize::Complete) {
+            let count = self.0.clone();
+            tx.on_commit(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_hook_runs_once_per_applied_completion() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    for order_id in 1..=3 {
+        queue.enqueue(receipt(order_id, "ada@example.com")?).await?;
+    }
+    let count = Arc::new(AtomicU64::new(0));
+    let handler = ReceiptHandler::new(Mailer::default());
+    let worker = Worker::new(queue.clone(), handler, quick())?
+        .hook(CountSent(count.clone()))
+        .start();
+    worker
+        .wait_for_timeout(PATIENCE, |s| s.completed == 3)
+        .await?;
+    worker.shutdown().await?;
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_worker_that_lost_its_lease_cannot_finalize() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    queue.enqueue(receipt(9, "ada@example.com")?).await?;
+    let request = ClaimRequest::new(1, Lease::DEFAULT);
+    let old = queue.claim(request).await?.jobs.remove(0);
+    // The backend's clock moves; the lease (90 s) expires; another worker takes the job over.
+    queue.advance_clock(Duration::from_secs(91));
+    let new = queue.claim(request).await?.jobs.remove(0);
+    assert_eq!(new.generation.0, old.generation.0 + 1);
+    let stale = queue.finalize(old.claim(), &Finalize::Complete).await?;
+    assert_eq!(stale, FinalizeOutcome::Stale);
+    let applied = queue.finalize(new.claim(), &Finalize::Complete).await?;
+    assert_eq!(applied, FinalizeOutcome::Applied);
+    Ok(())
+}
+
+#[test]
+fn the_receipt_jobs_migration_is_what_the_framework_generates() {
+    let committed = include_str!("../migrations/20260301000002_receipt_jobs.sql");
+    let table = TableName::new("receipt_jobs").unwrap();
+    let generated = queue_postgres::create_table_sql(&table);
+    assert_eq!(committed, generated, "regenerate the migration");
+}
+
+/// Needs PostgreSQL: QUEUE_TEST_PG_URL, or postgres://postgres@127.0.0.1:5432 (no database
+/// name: each test creates its own database).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_and_its_receipt_commit_together_on_postgres() -> Result<(), BoxError> {
+    let db = ScratchDb::empty().await;
+    sqlx::migrate!().run(&db.pool).await?;
+    let table = TableName::new("receipt_jobs")?;
+    let config = PgQueueConfig::new(table.clone(), QueueName::new("receipts")?);
+    let queue = PgQueue::connect(db.pool.clone(), config).await?;
+
+    let order_id = crate::orders::place_order(&db.pool, &queue, "ada@example.com").await?;
+    let handler = ReceiptHandler::new(Mailer::default());
+    let worker = Worker::new(queue.clone(), handler, quick())?
+        .hook(crate::hooks::MarkReceiptSent)
+        .start();
+    worker
+        .wait_for_timeout(PATIENCE, |s| s.completed == 1)
+        .await?;
+    worker.shutdown().await?;
+    let sql = "SELECT receipt_sent_at IS NOT NULL FROM orders WHERE id = $1";
+    let marked: bool = sqlx::query_scalar(sql)
+        .bind(order_id)
+        .fetch_one(&db.pool)
+        .await?;
+    assert!(marked, "the hook's write committed with the job");
+
+    // Expire a lease without sleeping: move the table's timestamps back.
+    crate::orders::place_order_own_insert(&db.pool, &queue, "bob@example.com").await?;
+    let request = ClaimRequest::new(1, Lease::DEFAULT);
+    let old = queue.claim(request).await?.jobs.remove(0);
+    age_rows(&db.pool, &table, Duration::from_secs(91)).await;
+    let new = queue.claim(request).await?.jobs.remove(0);
+    let mut conn = db.pool.acquire().await?;
+    let items = [
+        (old.claim(), Finalize::Complete),
+        (new.claim(), Finalize::Complete),
+    ];
+    let outcomes = queue.finalize_with(&mut conn, &items).await?;
+    assert_eq!(outcomes, [FinalizeOutcome::Stale, FinalizeOutcome::Applied]);
+    drop(conn);
+    db.drop_db().await;
+    Ok(())
+}
