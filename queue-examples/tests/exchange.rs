@@ -107,6 +107,30 @@ async fn rolling_restart_under_load_on_postgres_sends_each_transmission_once() {
     db.drop_db().await;
 }
 
+/// The same store and hook on the tokio-postgres driver: one exchange hook serves both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_restart_under_load_on_tokio_postgres_sends_each_transmission_once() {
+    let (db, _) = exchange_db().await;
+    let config = queue_examples::exchange::send_queue_config().unwrap();
+    let queue = queue_postgres::TokioPostgresQueue::connect(
+        db.tokio_postgres_pool(16),
+        config,
+        db.tokio_postgres_config(),
+    )
+    .await
+    .unwrap();
+    let store = PgExchange::from_queue(queue);
+    let report = demo::run(store.clone(), "tokio-postgres", &small_demo())
+        .await
+        .unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.sent + report.failed, 600, "{report}");
+    let summary = store.summary().await.unwrap();
+    assert_eq!(summary.sent_events, summary.success);
+    assert_eq!(summary.failed_events, summary.failed);
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rolling_restart_under_load_in_memory_sends_each_transmission_once() {
     let store = MemExchange::new();
