@@ -5,7 +5,7 @@
 //! * `claim/batch/B`: one claim of B jobs out of a 100k backlog (the finalize of the claimed
 //!   jobs runs outside the timed section).
 //! * `claim_backlog/form/shape`: a claim of 1 at 1k, 100k and 1M due rows and at 1k due among
-//!   1M finished rows, for our statement; at 1k and 100k also for the seed's single-OR form
+//!   1M finished rows, for our statement; at 1k and 100k also for the pre-lease single-OR form
 //!   (kept here only as the baseline it replaced).
 //! * `finalize/one_by_one` vs `finalize/batched`: completing 100 claimed jobs.
 //! * `enqueue/one` vs `enqueue/many_1000`.
@@ -31,7 +31,7 @@ fn req(batch: u32) -> ClaimRequest {
     ClaimRequest::new(batch, Lease::DEFAULT)
 }
 
-/// The seed's claim (one OR predicate, one ORDER BY over both sets): the baseline.
+/// The pre-lease send queue's claim (one OR predicate, one ORDER BY over both sets): the baseline.
 const SEED_FORM_CLAIM: &str = r#"
 UPDATE queue_jobs SET status = 'in_flight', attempts = attempts + 1, claimed_at = now(),
        claim_generation = claim_generation + 1
@@ -109,14 +109,14 @@ fn claim_against_backlog(c: &mut Criterion) {
     group
         .sample_size(20)
         .measurement_time(Duration::from_secs(4));
-    // (label, due rows, finished rows, also time the seed's form)
+    // (label, due rows, finished rows, also time the single-OR form)
     let shapes: [(&str, u64, u64, bool); 4] = [
         ("due_1k", 1_000, 0, true),
         ("due_100k", 100_000, 0, true),
         ("due_1m", 1_000_000, 0, false),
         ("due_1k_finished_1m", 1_000, 1_000_000, false),
     ];
-    for (label, due, finished, seed_too) in shapes {
+    for (label, due, finished, single_or_too) in shapes {
         let db = rt.block_on(benches::scratch_db());
         let queue = rt.block_on(benches::queue(&db.pool));
         rt.block_on(benches::load(&db.pool, due, finished));
@@ -126,8 +126,8 @@ fn claim_against_backlog(c: &mut Criterion) {
                 async move { claim_and_put_back(&queue, 1, iters, Timed::Claim).await }
             })
         });
-        if seed_too {
-            group.bench_function(BenchmarkId::new("seed_form", label), |b| {
+        if single_or_too {
+            group.bench_function(BenchmarkId::new("single_or_form", label), |b| {
                 let pool = db.pool.clone();
                 b.to_async(&rt).iter_custom(|iters| {
                     let pool = pool.clone();

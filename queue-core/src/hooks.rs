@@ -27,7 +27,7 @@ pub enum Payload<'a, P> {
     /// The stored payload, parsed into the handler's type.
     Parsed(&'a P),
     /// The stored payload does not parse into the handler's type (the job is being failed as
-    /// malformed, or buried without having run). The raw JSON is still in
+    /// malformed, or ended `dead` without having run). The raw JSON is still in
     /// [`FinalizeEvent::job`].
     Malformed,
 }

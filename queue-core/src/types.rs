@@ -520,13 +520,13 @@ pub struct ClaimRequest {
 }
 
 /// The default reclaim cap: a job may be taken over from an expired lease five times; after the
-/// sixth expiry it is buried (`dead`). Rolling restarts with graceful shutdown release claims and never
+/// sixth expiry it ends `dead`. Rolling restarts with graceful shutdown release claims and never
 /// count; only a worker that died (or hung past its lease) does.
 pub const DEFAULT_MAX_RECLAIMS: u32 = 5;
 
 /// The `last_error` the worker runtime writes when it buries a job at the reclaim cap.
 pub const RECLAIM_CAP_MESSAGE: &str =
-    "lease expired past the reclaim cap: the job kept losing its worker; buried as dead";
+    "lease expired past the reclaim cap: the job kept losing its worker; it is dead";
 
 impl ClaimRequest {
     /// A claim of up to `batch_size` jobs under `lease`, with [`DEFAULT_MAX_RECLAIMS`].

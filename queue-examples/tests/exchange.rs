@@ -268,7 +268,7 @@ async fn in_memory_a_refused_stamp_stages_no_event_either() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poison_send_job_is_buried_and_its_transaction_fails_with_an_event() {
+async fn a_poison_send_job_ends_dead_and_its_transaction_fails_with_an_event() {
     let (db, store) = exchange_db().await;
     let id = store
         .create_transactions(&[("acme".into(), 7)])

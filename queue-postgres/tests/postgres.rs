@@ -188,7 +188,7 @@ async fn a_connection_killed_during_finalize_loses_nothing<D: TestDriver>() {
     db.drop_db().await;
 }
 
-/// An adopter's own queue table before the lease, in the pre-lease pattern the seed describes:
+/// An adopter's own queue table before the lease, in the pre-lease pattern ADR 0001 describes:
 /// status + attempts + `next_attempt_at`, a stuck-job index for a boot-time sweep, no claim stamp,
 /// and a domain column of its own. A made-up fixture for the generic upgrade; the exchange's
 /// real legacy table is upgraded through its real migrations in queue-examples' tests.

@@ -13,7 +13,7 @@ use crate::types::{
 cases! {
     $ __conformance_fence;
 
-    /// (3) The old holder's complete is fenced; the job stays in flight under the new generation,
+    /// The old holder's complete is fenced; the job stays in flight under the new generation,
     /// whose complete then applies.
     pub async fn stale_complete_is_fenced_and_new_generation_applies<H: Harness>(h: Arc<H>) {
         let b = h.backend();
@@ -35,7 +35,7 @@ cases! {
         assert!(rec.finished_at.is_some());
     }
 
-    /// (4) The seed's named defect: a stale terminal failure overwriting a completed job.
+    /// The double-send incident's defect: a stale terminal failure overwriting a completed job.
     pub async fn stale_fail_cannot_overwrite_completed<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
@@ -58,7 +58,7 @@ cases! {
         assert_eq!(rec.last_error, None);
     }
 
-    /// (5) A status-only guard is not enough: the job is in flight, just not for this holder.
+    /// A status-only guard is not enough: the job is in flight, just not for this holder.
     pub async fn stale_retry_cannot_yank_active_claim<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;

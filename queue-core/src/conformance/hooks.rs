@@ -71,7 +71,7 @@ impl<Tx: Send, P: Sync> FinalizeHook<Tx, P> for Refuse {
 cases! {
     $ __conformance_hooks;
 
-    /// (6a) Hooks run after Applied only, in order, once.
+    /// Hooks run after Applied only, in order, once.
     pub async fn hooks_run_only_after_applied<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
@@ -104,7 +104,7 @@ cases! {
         );
     }
 
-    /// (6b) A failing hook rolls back the fenced write and every earlier hook's writes.
+    /// A failing hook rolls back the fenced write and every earlier hook's writes.
     pub async fn hook_error_rolls_back_the_whole_finalize<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;

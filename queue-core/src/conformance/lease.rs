@@ -46,8 +46,8 @@ async fn race_claims<B: Backend>(
 cases! {
     $ __conformance_lease;
 
-    /// (1) A job claimed out of an overdue backlog keeps its lease: the claim clock is `claimed_at`,
-    /// not `next_attempt_at` (the seed's wrong-clock defect).
+    /// A job claimed out of an overdue backlog keeps its lease: the claim clock is `claimed_at`,
+    /// not `next_attempt_at` (the incident's wrong-clock sweep, ADR 0001).
     pub async fn fresh_claim_from_overdue_backlog_is_not_reclaimable<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let ancient = Utc::now() - TimeDelta::days(3);
@@ -76,7 +76,7 @@ cases! {
         assert_eq!(rec.claim_generation, ClaimGeneration(1));
     }
 
-    /// (2) An expired lease is taken over: generation + 1, attempts + 1, `claimed_at` refreshed.
+    /// An expired lease is taken over: generation + 1, attempts + 1, `claimed_at` refreshed.
     pub async fn expired_lease_is_reclaimed_with_next_generation<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
@@ -96,7 +96,7 @@ cases! {
         assert_eq!(rec.status, JobStatus::InFlight);
     }
 
-    /// (7) Several tasks race claims over M jobs: each job is taken exactly once, none is lost.
+    /// Several tasks race claims over M jobs: each job is taken exactly once, none is lost.
     pub async fn racing_claims_take_each_job_once<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         const M: usize = 300;
@@ -125,7 +125,7 @@ cases! {
         assert_eq!(b.counts().await.unwrap().in_flight, M as u64);
     }
 
-    /// (7b) The same race over expired leases: each is taken over exactly once, at generation 2.
+    /// The same race over expired leases: each is taken over exactly once, at generation 2.
     pub async fn racing_reclaims_take_each_expired_job_once<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         const M: usize = 120;
@@ -147,7 +147,7 @@ cases! {
         assert!(taken.iter().all(|(_, g)| *g == ClaimGeneration(2)));
     }
 
-    /// (8) A legacy row (in flight, no `claimed_at`) counts as expired: re-claimable at once.
+    /// A legacy row (in flight, no `claimed_at`) counts as expired: re-claimable at once.
     pub async fn legacy_in_flight_without_claimed_at_is_reclaimable_at_once<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = h.insert_legacy_in_flight(json!({ "legacy": true })).await;
@@ -164,7 +164,7 @@ cases! {
         assert!(record(b, id).await.claimed_at.is_some());
     }
 
-    /// (9) The heartbeat is fenced like a finalizer, and it restarts the lease.
+    /// The heartbeat is fenced like a finalizer, and it restarts the lease.
     pub async fn extend_lease_is_fenced_and_postpones_expiry<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
@@ -193,7 +193,7 @@ cases! {
         );
     }
 
-    /// (10) Claim order: `next_attempt_at`, then priority (lower first); future jobs wait.
+    /// Claim order: `next_attempt_at`, then priority (lower first); future jobs wait.
     pub async fn claim_order_is_next_attempt_then_priority<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let t0 = Utc::now().duration_trunc(TimeDelta::seconds(1)).unwrap() - TimeDelta::minutes(10);
@@ -224,8 +224,8 @@ cases! {
         assert_eq!(claim(b, 1).await.jobs[0].id, future);
     }
 
-    /// (12) A poison job whose worker dies every time: past the reclaim cap the claim flags it, and
-    /// burying it (fenced, like any finalize) ends it `dead` for good.
+    /// A poison job whose worker dies every time: past the reclaim cap the claim flags it, and
+    /// ending it with `Finalize::Dead` (fenced, like any finalize) is for good.
     pub async fn reclaim_cap_flags_a_poison_job_that_then_ends_dead<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
@@ -245,10 +245,10 @@ cases! {
             job.taken_over && job.over_reclaim_cap,
             "past the cap the claim must flag the job"
         );
-        let bury = Finalize::Dead {
+        let dead = Finalize::Dead {
             reason: crate::RECLAIM_CAP_MESSAGE.to_owned(),
         };
-        assert!(b.finalize(job.claim(), &bury).await.unwrap().is_applied());
+        assert!(b.finalize(job.claim(), &dead).await.unwrap().is_applied());
         let rec = record(b, id).await;
         assert_eq!(rec.status, JobStatus::Dead);
         assert!(

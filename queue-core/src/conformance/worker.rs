@@ -100,7 +100,7 @@ impl Handler for Noop {
 cases! {
     $ __conformance_worker;
 
-    /// (11) Graceful shutdown releases claimed-but-unstarted jobs at once (fenced), lets the running
+    /// Graceful shutdown releases claimed-but-unstarted jobs at once (fenced), lets the running
     /// one finish, and strands nothing for a lease.
     pub async fn graceful_shutdown_releases_unstarted_claims<H: Harness>(h: Arc<H>) {
         let b = h.backend();
@@ -145,7 +145,7 @@ cases! {
     }
 
     /// The worker buries a job it claims past the reclaim cap, without running it, and the hooks
-    /// see the burial (so domain state and outbox follow the job to its end).
+    /// see the `Dead` write (so domain state and outbox follow the job to its end).
     pub async fn worker_ends_a_poison_job_dead_with_its_hooks<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let id = enqueue(b, 1).await;
