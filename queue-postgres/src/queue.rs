@@ -389,11 +389,6 @@ impl<D: Driver> PostgresTx<D> {
         let rows = D::query(self.conn(), sql, &params).await?;
         Ok(rows.into_iter().map(Row).collect())
     }
-
-    /// The driver's own transaction inside.
-    pub fn into_inner(self) -> D::Tx {
-        self.tx
-    }
 }
 
 impl<D: Driver> BackendTx for PostgresTx<D> {

@@ -221,10 +221,15 @@ pub(crate) async fn table_facts<D: Driver>(
         .iter()
         .map(|row| get::<D, String>(row, "name"))
         .collect::<Result<Vec<_>, PgError>>()?;
-    let sequence = D::query(conn, &text(sql::TABLE_ID_SEQUENCE)?, &params).await?;
-    let id_has_sequence = match sequence.first() {
-        Some(row) => get::<D, Option<bool>>(row, "has_sequence")? == Some(true),
-        None => false,
+    // pg_get_serial_sequence fails on a table without `id`: ask only when there is one.
+    let id_has_sequence = if columns.iter().any(|(name, _)| name == col::ID) {
+        let rows = D::query(conn, &text(sql::TABLE_ID_SEQUENCE)?, &params).await?;
+        match rows.first() {
+            Some(row) => get::<D, Option<bool>>(row, "has_sequence")? == Some(true),
+            None => false,
+        }
+    } else {
+        false
     };
     Ok(TableFacts {
         columns,

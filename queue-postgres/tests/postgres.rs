@@ -23,6 +23,7 @@ per_driver!(
     a_connection_killed_during_finalize_loses_nothing,
     schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows,
     schema_check_names_a_missing_table,
+    schema_check_names_what_a_table_without_an_id_lacks,
     notify_wakes_an_idle_worker_and_a_lost_listener_re_listens,
     notify_is_sent_on_commit_only,
     concurrent_enqueues_of_one_unique_key_insert_once,
@@ -318,6 +319,31 @@ async fn schema_check_names_a_missing_table<D: TestDriver>() {
     let config = PgQueueConfig::new(TableName::new("nowhere").unwrap(), QueueName::default());
     let err = support::connect::<D>(&db, config).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
+    db.drop_db().await;
+}
+
+/// A table keyed by another column: the check names what is missing instead of failing on the
+/// sequence look-up.
+async fn schema_check_names_what_a_table_without_an_id_lacks<D: TestDriver>() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql("CREATE TABLE keyed_jobs (job_id bigserial PRIMARY KEY, status text)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let config = PgQueueConfig::new(TableName::new("keyed_jobs").unwrap(), QueueName::default());
+    let err = support::connect::<D>(&db, config).await.unwrap_err();
+    assert!(matches!(err, PgError::Schema { .. }), "{err}");
+    let text = err.to_string();
+    for named in [
+        "column id (bigint)",
+        "column claimed_at",
+        "a sequence or identity default on id",
+    ] {
+        assert!(
+            text.contains(named),
+            "the refusal must name {named:?}: {text}"
+        );
+    }
     db.drop_db().await;
 }
 

@@ -105,10 +105,22 @@ async fn a_worker_that_lost_its_lease_cannot_finalize() -> Result<(), BoxError> 
 
 #[test]
 fn the_receipt_jobs_migration_is_what_the_framework_generates() {
+    // Statements only: comments may change between framework releases, and a migration that
+    // has been applied must never be edited (its checksum is recorded).
+    let statements = |sql: &str| -> Vec<String> {
+        sql.lines()
+            .filter(|line| !line.trim_start().starts_with("--") && !line.trim().is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
     let committed = include_str!("../migrations/20260301000002_receipt_jobs.sql");
     let table = TableName::new("receipt_jobs").unwrap();
     let generated = queue_postgres::create_table_sql(&table);
-    assert_eq!(committed, generated, "regenerate the migration");
+    assert_eq!(
+        statements(committed),
+        statements(&generated),
+        "the framework's table DDL changed: add its new statements as a new migration"
+    );
 }
 
 /// Needs PostgreSQL: QUEUE_TEST_PG_URL, or postgres://postgres@127.0.0.1:5432 (no database

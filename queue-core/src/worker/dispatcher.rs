@@ -153,7 +153,9 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
                 lease_started: sent,
             });
         }
-        self.poll_due = got == want as usize;
+        // A wake-up that came while the claim ran stays due: its job may be newer than the
+        // claim's snapshot.
+        self.poll_due |= got == want as usize;
     }
 
     /// Starts buffered jobs while slots are free; releases those whose lease is too far gone.

@@ -118,6 +118,35 @@ where
         events::claim_released(self.backend.queue(), job.claim(), reason);
         self.finish_now(job, Finalize::Release).await
     }
+
+    /// Gives back the jobs whose tasks were aborted at the shutdown deadline: one batched,
+    /// fenced write, tried once and without hooks (a release ends nothing for them to record),
+    /// so that shutdown keeps its deadline. A job whose release fails waits for its lease.
+    pub(super) async fn release_aborted(&self, jobs: &[std::sync::Arc<ClaimedJob>]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let queue = self.backend.queue();
+        let items: Vec<(Claim, Finalize)> = jobs
+            .iter()
+            .map(|job| {
+                events::claim_released(queue, job.claim(), "aborted at the shutdown deadline");
+                (job.claim(), Finalize::Release)
+            })
+            .collect();
+        match self.backend.finalize_many(&items).await {
+            Ok(outcomes) => {
+                for ((claim, action), outcome) in items.iter().zip(outcomes) {
+                    report(queue, &self.stats, *claim, action, Ok(outcome));
+                }
+            }
+            Err(err) => {
+                events::finalize_failed(queue, None, items.len(), &err);
+                self.stats
+                    .send_modify(|s| s.finalize_errors += items.len() as u64);
+            }
+        }
+    }
 }
 
 /// Runs `attempt` until it succeeds or [`RETRY_DELAYS`] is used up.

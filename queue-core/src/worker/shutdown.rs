@@ -10,7 +10,7 @@ use crate::handler::Handler;
 
 /// Ends everything `dispatcher` holds. Every job it claimed ends with an outcome of its own
 /// (finished), or released with a fenced write; none waits for its lease to lapse unless the
-/// release itself fails.
+/// release itself fails. Jobs aborted at the deadline are released in one batch, tried once.
 pub(super) async fn shut_down<B: Backend, H: Handler>(
     dispatcher: &mut Dispatcher<B, H>,
 ) -> ShutdownReport {
@@ -36,17 +36,16 @@ pub(super) async fn shut_down<B: Backend, H: Handler>(
     let grace = Instant::now() + config.shutdown_grace;
     report.finished_in_time += wait_until(dispatcher, grace).await;
     dispatcher.running.abort_all();
+    let mut aborted = Vec::new();
     while let Some(joined) = dispatcher.running.join_next_with_id().await {
         match dispatcher.reap(joined) {
-            Some(job) => {
-                // Aborted mid-run: give the job back now rather than after a full lease.
-                let reason = "aborted at the shutdown deadline";
-                shared.finalizer.release(&job, reason).await;
-                report.aborted += 1;
-            }
+            Some(job) => aborted.push(job),
             None => report.finished_in_time += 1,
         }
     }
+    // Aborted mid-run: give the jobs back now rather than after a full lease.
+    shared.finalizer.release_aborted(&aborted).await;
+    report.aborted = aborted.len() as u64;
     report
 }
 

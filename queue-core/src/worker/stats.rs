@@ -66,8 +66,8 @@ pub struct ShutdownReport {
     pub released_unstarted: u64,
     /// Running jobs that finished within the deadline.
     pub finished_in_time: u64,
-    /// Running jobs aborted after the deadline and grace; released (fenced, with the hooks) so
-    /// that nothing waits for a lease to lapse.
+    /// Running jobs aborted after the deadline and grace; released (fenced, in one batch
+    /// without hooks) so that nothing waits for a lease to lapse.
     pub aborted: u64,
     /// The worker's counters at the end, every outcome of the shutdown included.
     pub stats: WorkerStats,

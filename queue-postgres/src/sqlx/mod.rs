@@ -141,6 +141,13 @@ impl PostgresQueue<Sqlx> {
     }
 }
 
+impl PostgresTx<Sqlx> {
+    /// The sqlx transaction inside.
+    pub fn into_inner(self) -> sqlx::Transaction<'static, Postgres> {
+        self.tx
+    }
+}
+
 impl From<sqlx::Transaction<'static, Postgres>> for PostgresTx<Sqlx> {
     /// Wraps a transaction the caller began, so that the queue's writes join the caller's own.
     fn from(tx: sqlx::Transaction<'static, Postgres>) -> Self {
