@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use queue_core::{Lease, Worker};
 use queue_examples::cli::Args;
 use queue_examples::exchange::{
-    ExchangeConfig, ExchangeStore, HttpPartner, Partners, PgExchange, SendHandler,
+    ExchangeConfig, ExchangeStore, HttpPartner, Partners, PgExchange, SendHandler, events,
 };
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
@@ -96,11 +96,12 @@ async fn main() -> Result<()> {
     .hooks(store.hooks())
     .start();
     tracing::info!(
-        name: "exchange.worker_started",
+        name: events::WORKER_STARTED,
         partners = specs.len(),
         concurrency = config.concurrency,
         lease_s = config.lease.duration().as_secs(),
-        "exchange.worker_started"
+        "{}",
+        events::WORKER_STARTED
     );
 
     let mut term = signal(SignalKind::terminate())?;
@@ -109,7 +110,7 @@ async fn main() -> Result<()> {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    tracing::info!(name: "exchange.worker_draining", "exchange.worker_draining");
+    tracing::info!(name: events::WORKER_DRAINING, "{}", events::WORKER_DRAINING);
     let report = worker.shutdown().await?;
     tracing::info!(
         name: "exchange.worker_stopped",
@@ -118,7 +119,8 @@ async fn main() -> Result<()> {
         aborted = report.aborted,
         completed = report.stats.completed,
         stale = report.stats.stale,
-        "exchange.worker_stopped"
+        "{}",
+        events::WORKER_STOPPED
     );
     Ok(())
 }

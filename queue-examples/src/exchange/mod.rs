@@ -21,6 +21,7 @@ use queue_core::{
 use serde::{Deserialize, Serialize};
 
 pub mod demo;
+pub mod events;
 mod http;
 mod memory;
 pub mod partner_server;
@@ -379,12 +380,7 @@ impl Handler for SendHandler {
         let timeout = partner.send_timeout();
         if ctx.lease_remaining() < timeout {
             // A send that could outlive the lease could race a second sender: do not start it.
-            tracing::warn!(
-                name: "exchange.send_skipped_short_lease",
-                job_id = ctx.id().0,
-                lease_left_ms = ctx.lease_remaining().as_millis() as u64,
-                "exchange.send_skipped_short_lease"
-            );
+            events::send_skipped_short_lease(ctx.id(), ctx.lease_remaining());
             return Err(JobError::release("too little lease left to send"));
         }
         let transmission = Transmission {
@@ -496,17 +492,7 @@ pub trait ExchangeStore: Clone + Send + Sync + 'static {
     fn summary(&self) -> impl Future<Output = Result<ExchangeSummary, ExchangeError>> + Send;
 }
 
-/// Logs a refused terminal flip (the guard fired): the job's fenced write stays the source of
-/// truth, so the finalize goes on.
-pub(crate) fn guard_refused(transaction_id: i64, wanted: TransactionStatus, job_id: i64) {
-    tracing::warn!(
-        name: "exchange.transaction_guard_refused",
-        transaction_id,
-        wanted = wanted.as_str(),
-        job_id,
-        "exchange.transaction_guard_refused: the transaction is already terminal"
-    );
-}
+pub(crate) use events::guard_refused;
 
 #[cfg(test)]
 mod tests {
