@@ -37,6 +37,10 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// A value was refused before it reached the store: the call changed nothing.
+    #[error("refused: {0}")]
+    Invalid(#[from] InvalidInput),
+
     /// A payload could not be (de)serialised.
     #[error("job payload is not valid JSON for this job type: {0}")]
     Payload(#[source] serde_json::Error),
@@ -65,6 +69,37 @@ impl Error {
             }
         )
     }
+}
+
+/// A value of a call that no backend could store, or a request that cannot be carried out as
+/// given. Refused before anything is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// One finalize batch held two outcomes for the same claim.
+    #[error("the batch holds two outcomes for job {id} under generation {generation}")]
+    DuplicateClaim {
+        /// The job.
+        id: crate::JobId,
+        /// The claim's generation.
+        generation: crate::ClaimGeneration,
+    },
+    /// A payload string or object key holds a NUL character, which PostgreSQL's `jsonb` cannot
+    /// store. `path` says where (a JSON pointer), never what.
+    #[error("the payload holds a NUL character at {path}")]
+    PayloadNul {
+        /// Where, as a JSON pointer.
+        path: String,
+    },
+    /// A unique key holds a NUL character.
+    #[error("the unique key holds a NUL character")]
+    UniqueKeyNul,
+    /// A delay longer than [`crate::limits::MAX_DELAY`].
+    #[error("a delay of {0:?} is longer than the longest the queue schedules ({max:?})", max = crate::limits::MAX_DELAY)]
+    DelayTooLong(Duration),
+    /// An instant outside [`crate::limits::EARLIEST`] ..= [`crate::limits::LATEST`].
+    #[error("the instant {0} is outside the range the queue stores (1970 to 9999)")]
+    InstantOutOfRange(chrono::DateTime<chrono::Utc>),
 }
 
 /// A configuration value that was refused, with what was wrong.

@@ -28,7 +28,19 @@ pub const PAYLOAD_MALFORMED: &str = "queue.payload_malformed";
 pub const FINALIZE_RETRY: &str = "queue.finalize_retry";
 /// A finalize failed for good; the job stays in flight until its lease lapses (error).
 pub const FINALIZE_FAILED: &str = "queue.finalize_failed";
-/// A claim failed; the worker polls again later (warn).
+/// A finalize's commit result was lost and the job has moved on since: its outcome may or may
+/// not have been written (warn).
+pub const FINALIZE_UNKNOWN: &str = "queue.finalize_unknown";
+/// A finalize hook kept failing until the job's lease was nearly over: the job is ended `dead`
+/// without the hooks, and the domain side is left to the operator (error).
+pub const HOOK_GAVE_UP: &str = "queue.hook_gave_up";
+/// A claim succeeded again after an outage (info).
+pub const CLAIM_RECOVERED: &str = "queue.claim_recovered";
+/// A long job's heartbeats have not applied for five sixths of the lease: the worker can no
+/// longer trust its lease and cancels the handler (warn).
+pub const LEASE_UNTRUSTED: &str = "queue.lease_untrusted";
+/// A claim failed: the first of an outage (warn). The worker then backs off, doubling the pause
+/// from the poll interval up to 30 s, and logs again only at `queue.claim_recovered`.
 pub const CLAIM_FAILED: &str = "queue.claim_failed";
 /// A claimed job was released unstarted: at shutdown, or because too little lease was left, or
 /// aborted at the shutdown deadline (info).
@@ -89,6 +101,50 @@ pub(crate) fn finalized(
         ),
         Finalize::Complete | Finalize::Release | Finalize::Cancel { .. } => {}
     }
+}
+
+pub(crate) fn finalize_unknown(queue: &QueueName, claim: Claim, action: &Finalize) {
+    tracing::warn!(
+        name: FINALIZE_UNKNOWN,
+        queue = %queue,
+        job_id = claim.id.0,
+        generation = claim.generation.0,
+        action = action.kind(),
+        "{FINALIZE_UNKNOWN}: the commit's result was lost and the job has moved on"
+    );
+}
+
+pub(crate) fn hook_gave_up(queue: &QueueName, claim: Claim, hook: &str, error: &Error) {
+    tracing::error!(
+        name: HOOK_GAVE_UP,
+        queue = %queue,
+        job_id = claim.id.0,
+        generation = claim.generation.0,
+        hook,
+        error = %error,
+        "{HOOK_GAVE_UP}: the job is ended dead without the hooks; its domain side needs an operator"
+    );
+}
+
+pub(crate) fn claim_recovered(queue: &QueueName, failures: u32, outage: Duration) {
+    tracing::info!(
+        name: CLAIM_RECOVERED,
+        queue = %queue,
+        failures,
+        outage_ms = outage.as_millis() as u64,
+        "{CLAIM_RECOVERED}"
+    );
+}
+
+pub(crate) fn lease_untrusted(queue: &QueueName, claim: Claim, since_last_beat: Duration) {
+    tracing::warn!(
+        name: LEASE_UNTRUSTED,
+        queue = %queue,
+        job_id = claim.id.0,
+        generation = claim.generation.0,
+        since_last_heartbeat_ms = since_last_beat.as_millis() as u64,
+        "{LEASE_UNTRUSTED}: heartbeats have not applied; cancelling the handler"
+    );
 }
 
 pub(crate) fn lease_lost(queue: &QueueName, claim: Claim) {
@@ -153,13 +209,14 @@ pub(crate) fn finalize_failed(
     );
 }
 
-pub(crate) fn claim_failed(queue: &QueueName, error: &Error) {
+pub(crate) fn claim_failed(queue: &QueueName, error: &Error, retry_in: Duration) {
     tracing::warn!(
         name: CLAIM_FAILED,
         queue = %queue,
         error = %error,
         transient = error.is_transient(),
-        "{CLAIM_FAILED}"
+        retry_in_ms = retry_in.as_millis() as u64,
+        "{CLAIM_FAILED}: backing off until claims work again"
     );
 }
 

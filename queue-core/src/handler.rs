@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -64,6 +65,35 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// Why a handler's cancellation token fired ([`JobContext::cancel_reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CancelReason {
+    /// A heartbeat found the job held under a newer claim: the lease was lost.
+    LeaseLost,
+    /// Heartbeats have not applied for five sixths of the lease (the database is unreachable
+    /// or too slow): the worker can no longer trust its lease.
+    LeaseUntrusted,
+    /// The worker is shutting down and its shutdown timeout passed.
+    Shutdown,
+}
+
+/// A job's cancellation token together with why it fired: the runtime fires it, the handler's
+/// [`JobContext`] reads it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cancel {
+    token: CancellationToken,
+    reason: Arc<OnceLock<CancelReason>>,
+}
+
+impl Cancel {
+    /// Fires the token, recording `reason` unless an earlier one was recorded.
+    pub(crate) fn fire(&self, reason: CancelReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+}
+
 /// What a handler is told about the job it runs, and how it learns that it should stop.
 #[derive(Debug, Clone)]
 pub struct JobContext {
@@ -74,6 +104,7 @@ pub struct JobContext {
     reclaims: i32,
     claimed_at: DateTime<Utc>,
     cancellation: CancellationToken,
+    cancel_reason: Arc<OnceLock<CancelReason>>,
     lease_deadline: Option<tokio::time::Instant>,
 }
 
@@ -89,7 +120,16 @@ impl JobContext {
             reclaims: job.reclaims,
             claimed_at: job.claimed_at,
             cancellation,
+            cancel_reason: Arc::default(),
             lease_deadline: None,
+        }
+    }
+
+    /// The context of a job the runtime runs, cancelled through `cancel`.
+    pub(crate) fn running(queue: QueueName, job: &ClaimedJob, cancel: &Cancel) -> Self {
+        JobContext {
+            cancel_reason: cancel.reason.clone(),
+            ..JobContext::new(queue, job, cancel.token.clone())
         }
     }
 
@@ -149,12 +189,20 @@ impl JobContext {
         self.claimed_at
     }
 
-    /// Fires when the handler should stop: the lease was lost (a heartbeat came back stale) or a
-    /// shutdown deadline passed. Whatever the handler writes afterwards is fenced anyway; the
+    /// Fires when the handler should stop: the lease was lost (a heartbeat came back stale),
+    /// could no longer be trusted (heartbeats failed), or a shutdown deadline passed
+    /// ([`JobContext::cancel_reason`] says which). Whatever the handler writes afterwards is fenced anyway; the
     /// token lets it stop spending effort, and stop external side effects that the fence cannot
     /// reach.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancellation
+    }
+
+    /// Why the cancellation token fired, once it has: the lease was lost, could no longer be
+    /// trusted, or the worker is shutting down. `None` while it has not fired (or when a
+    /// context built by hand was cancelled by its owner).
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.cancel_reason.get().copied()
     }
 }
 

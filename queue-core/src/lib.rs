@@ -56,15 +56,19 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod backoff;
 mod error;
 pub mod events;
 mod handler;
 mod hooks;
+pub mod limits;
 mod memory;
 mod retry;
 mod types;
 mod worker;
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod runtime_tests;
 
@@ -72,8 +76,8 @@ mod runtime_tests;
 pub mod conformance;
 
 pub use backend::{Backend, BackendTx};
-pub use error::{BoxError, ConfigError, Error, Result};
-pub use handler::{ErrorAction, Handler, JobContext, JobError, ResultExt};
+pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};
+pub use handler::{CancelReason, ErrorAction, Handler, JobContext, JobError, ResultExt};
 pub use hooks::{FinalizeEvent, FinalizeHook, Hooks, Payload, finalize_with_hooks};
 pub use memory::{MemoryBackend, MemoryTx};
 pub use retry::RetryPolicy;

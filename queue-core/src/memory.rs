@@ -170,6 +170,7 @@ impl State {
         {
             return None;
         }
+        let action = &action.storable();
         let mut row = current.clone();
         row.status = action.target_status();
         row.updated_at = now;
@@ -375,6 +376,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        job.check()?;
         let now = self.now();
         let (enqueued, _) = self.store.state.lock().await.insert(&self.queue, job, now);
         self.wake();
@@ -382,6 +384,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        for job in &jobs {
+            job.check()?;
+        }
         let now = self.now();
         let mut state = self.store.state.lock().await;
         let out = jobs
@@ -394,6 +399,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn enqueue_in(&self, tx: &mut MemoryTx, job: NewJob) -> Result<Enqueued> {
+        job.check()?;
         let now = tx.now;
         let (enqueued, id) = tx.state().insert(&self.queue, job, now);
         if !enqueued.duplicate {
@@ -500,6 +506,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn finalize_many(&self, items: &[(Claim, Finalize)]) -> Result<Vec<FinalizeOutcome>> {
+        crate::limits::check_batch(items)?;
         let now = self.now();
         let mut state = self.store.state.lock().await;
         let outcomes = items

@@ -1,7 +1,5 @@
 //! Retry policy: exponential backoff with jitter, bounded by handler errors only.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -81,19 +79,11 @@ impl RetryPolicy {
             .min(self.max_delay);
         if self.jitter && !delay.is_zero() {
             let half = delay / 2;
-            half + half.mul_f64(unit_random())
+            half + half.mul_f64(fastrand::f64())
         } else {
             delay
         }
     }
-}
-
-/// A uniform number in `[0, 1)`, from the standard library's randomly keyed hasher: jitter needs
-/// spread, not cryptographic quality, and this avoids a dependency.
-fn unit_random() -> f64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0x9e37_79b9_7f4a_7c15);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -469,7 +469,7 @@ impl Handler for Quick {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failing_finalize_is_tried_again_and_then_left_to_the_lease() {
+async fn a_failing_finalize_is_tried_again_and_a_hook_that_keeps_failing_ends_the_job_dead() {
     let captured = Captured::default();
     let guard = tracing::subscriber::set_default(captured.subscriber());
     let queue = MemoryBackend::new();
@@ -496,7 +496,8 @@ async fn a_failing_finalize_is_tried_again_and_then_left_to_the_lease() {
         JobStatus::Completed
     );
 
-    // Always failing: three retries, then the job is left in flight for its lease to lapse.
+    // Always failing: tried again until the lease is nearly over, then the job is ended dead
+    // without the hooks (no job stays in flight forever), the hook named.
     let stuck = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
@@ -506,15 +507,13 @@ async fn a_failing_finalize_is_tried_again_and_then_left_to_the_lease() {
         .unwrap()
         .hook(FlakyHook(Arc::new(AtomicU32::new(0)), u32::MAX))
         .start();
-    let stats = worker.wait_for(|s| s.finalize_errors == 1).await;
+    let stats = worker.wait_for(|s| s.dead == 1).await;
     worker.shutdown().await.unwrap();
     drop(guard);
-    assert_eq!(stats.completed, 0);
-    assert_eq!(captured.count(crate::events::FINALIZE_FAILED), 1);
+    assert_eq!((stats.completed, stats.finalize_errors), (0, 0));
+    assert_eq!(captured.count(crate::events::HOOK_GAVE_UP), 1);
     let row = queue.get(stuck).await.unwrap().unwrap();
-    assert_eq!(
-        row.status,
-        JobStatus::InFlight,
-        "nothing half-written: the lease decides"
-    );
+    assert_eq!(row.status, JobStatus::Dead);
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("FlakyHook"), "{error}");
 }

@@ -2,9 +2,11 @@
 //! into per-item results. What each outcome writes is decided here, once, from
 //! [`queue_core::Finalize`]; `finalize.sql` only applies it.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use queue_core::limits::{storable_run_at, storable_text};
 use queue_core::{Claim, Enqueued, Finalize, FinalizeOutcome, JobId, JobStatus, NewJob, RunAt};
 use serde_json::Value;
 
@@ -98,8 +100,8 @@ pub(crate) struct FinalizeColumns<'a> {
     /// A retry's instant, or its delay; both `None` keep `next_attempt_at`.
     pub run_ats: Vec<Option<DateTime<Utc>>>,
     pub delays: Vec<Option<f64>>,
-    /// The error or reason kept in `last_error`; `None` keeps the previous one.
-    pub errors: Vec<Option<&'a str>>,
+    /// The error or reason kept in `last_error` (made storable); `None` keeps the previous one.
+    pub errors: Vec<Option<Cow<'a, str>>>,
     /// Whether the status is terminal (stamps `finished_at`).
     pub terminals: Vec<bool>,
 }
@@ -108,15 +110,16 @@ impl<'a> FinalizeColumns<'a> {
     pub fn new(items: &'a [(Claim, Finalize)]) -> Self {
         let mut columns = FinalizeColumns::default();
         for (claim, action) in items {
+            let text = |s: &'a String| Some(storable_text(s));
             let (at, delay, error) = match action {
                 // A retry always moves next_attempt_at: "now" is a delay of zero.
-                Finalize::Retry { at, error } => match split_run_at(*at) {
-                    (None, None) => (None, Some(0.0), Some(error.as_str())),
-                    (at, delay) => (at, delay, Some(error.as_str())),
+                Finalize::Retry { at, error } => match split_run_at(storable_run_at(*at)) {
+                    (None, None) => (None, Some(0.0), text(error)),
+                    (at, delay) => (at, delay, text(error)),
                 },
-                Finalize::Fail { error } => (None, None, Some(error.as_str())),
+                Finalize::Fail { error } => (None, None, text(error)),
                 Finalize::Cancel { reason } | Finalize::Dead { reason } => {
-                    (None, None, Some(reason.as_str()))
+                    (None, None, text(reason))
                 }
                 Finalize::Complete | Finalize::Release => (None, None, None),
             };
@@ -134,8 +137,8 @@ impl<'a> FinalizeColumns<'a> {
     }
 }
 
-/// One outcome per item from the `(id, generation)` pairs the statement returned; an item
-/// repeated in the same call applies at most once.
+/// One outcome per item from the `(id, generation)` pairs the statement returned (a batch
+/// never holds one claim twice: see `queue_core::limits::check_batch`).
 pub(crate) fn outcomes(
     items: &[(Claim, Finalize)],
     applied: impl IntoIterator<Item = (i64, i64)>,
@@ -242,8 +245,9 @@ mod tests {
         );
         assert_eq!(c.give_backs, [false, false, false, true, false, false]);
         assert_eq!(c.terminals, [true, true, false, false, true, true]);
+        let errors: Vec<Option<&str>> = c.errors.iter().map(|e| e.as_deref()).collect();
         assert_eq!(
-            c.errors,
+            errors,
             [
                 None,
                 Some("no"),
@@ -259,18 +263,5 @@ mod tests {
         for (item, status) in items.iter().zip(&c.statuses) {
             assert_eq!(item.1.target_status().as_str(), *status);
         }
-    }
-
-    #[test]
-    fn a_repeated_item_applies_once() {
-        let claim = Claim {
-            id: JobId(1),
-            generation: ClaimGeneration(2),
-        };
-        let items = [(claim, Finalize::Complete), (claim, Finalize::Complete)];
-        assert_eq!(
-            outcomes(&items, [(1, 2)]),
-            vec![FinalizeOutcome::Applied, FinalizeOutcome::Stale]
-        );
     }
 }

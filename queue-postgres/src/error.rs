@@ -56,6 +56,10 @@ pub enum PgError {
         token: String,
     },
 
+    /// A value was refused before any SQL ran (see [`queue_core::InvalidInput`]).
+    #[error(transparent)]
+    Invalid(#[from] queue_core::InvalidInput),
+
     /// A configuration value was refused.
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),
@@ -139,6 +143,7 @@ impl From<PgError> for queue_core::Error {
     fn from(err: PgError) -> Self {
         match err {
             PgError::Config(config) => queue_core::Error::Config(config),
+            PgError::Invalid(invalid) => queue_core::Error::Invalid(invalid),
             other => {
                 let transient = other.is_transient();
                 queue_core::Error::backend(other, transient)

@@ -112,6 +112,9 @@ impl<D: Driver> PostgresQueue<D> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
+        for job in &jobs {
+            job.check()?;
+        }
         let config = &self.inner.config;
         let target = EnqueueTarget {
             queue: &config.queue,
@@ -124,13 +127,15 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome
-    /// per item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; an
-    /// item repeated in the same call applies at most once.
+    /// per item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; each
+    /// is written as [`Finalize::storable`] makes it; two items for one claim are refused
+    /// ([`queue_core::InvalidInput::DuplicateClaim`]) before any SQL runs.
     pub async fn finalize_with(
         &self,
         conn: D::Conn<'_>,
         items: &[(Claim, Finalize)],
     ) -> Result<Vec<FinalizeOutcome>, PgError> {
+        queue_core::limits::check_batch(items)?;
         statement::finalize::<D>(conn, &self.inner.sql, items).await
     }
 

@@ -32,6 +32,7 @@ per_driver!(
     a_stale_finalize_in_the_callers_transaction_writes_nothing,
     connecting_to_a_stopped_server_is_a_transient_error,
     a_worker_without_listen_finds_work_by_polling,
+    a_refused_outcome_costs_only_its_own_job,
 );
 
 /// The server process of a transaction's connection.
@@ -766,4 +767,44 @@ async fn a_worker_without_listen_finds_work_by_polling<D: TestDriver>() {
     worker.shutdown().await.unwrap();
     assert_eq!(listener_pids(&db).await, Vec::<i32>::new());
     db.drop_db().await;
+}
+
+/// One outcome the database refuses (here a trigger raises for one job) costs only that job its
+/// write: the batch is split until the refused item stands alone, and the other outcomes apply.
+async fn a_refused_outcome_costs_only_its_own_job<D: TestDriver>() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        r#"
+        CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'poisoned row %', NEW.id; END $$;
+        CREATE TRIGGER refuse_poison BEFORE UPDATE ON queue_jobs FOR EACH ROW
+            WHEN (NEW.status = 'completed' AND NEW.payload ? 'poison')
+            EXECUTE FUNCTION refuse_poison();
+        "#,
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let queue = support::connect_default::<D>(&db).await;
+    let mut jobs: Vec<NewJob> = (0..7)
+        .map(|n| NewJob::from_value(json!({ "n": n })))
+        .collect();
+    jobs.push(NewJob::from_value(json!({ "poison": true })));
+    queue.enqueue_many(jobs).await.unwrap();
+    let config = WorkerConfig {
+        concurrency: 8,
+        max_batch: 8,
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(queue.clone(), Done, config).unwrap().start();
+    worker
+        .wait_for_timeout(Duration::from_secs(30), |s| {
+            s.completed == 7 && s.finalize_errors == 1
+        })
+        .await
+        .expect("seven outcomes apply, one is refused");
+    worker.shutdown().await.unwrap();
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.completed, counts.in_flight), (7, 1));
 }

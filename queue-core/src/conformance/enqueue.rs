@@ -1,12 +1,15 @@
 //! Enqueue, unique keys, transactions, and what `get` and `counts` report.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::{Harness, claim, enqueue, record};
 use crate::backend::{Backend, BackendTx};
-use crate::types::{Finalize, JobId, NewJob};
+use crate::error::Error;
+use crate::types::{Finalize, JobId, NewJob, RunAt};
 
 cases! {
     $ __conformance_enqueue;
@@ -91,5 +94,30 @@ cases! {
         assert_eq!(rec.queue, b.queue().as_str());
         assert_eq!(rec.attempts, 1);
         assert!(b.get(JobId(i64::MAX)).await.unwrap().is_none());
+    }
+
+    /// A job no store could keep is refused with a typed error that says where, never what,
+    /// and nothing of the call is inserted.
+    pub async fn enqueue_refuses_values_no_store_can_keep<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let fine = || NewJob::from_value(json!({ "ok": true }));
+        let bad = [
+            NewJob::from_value(json!({ "card": "4111\u{0}1111" })),
+            fine().unique_key("key\0"),
+            fine().run_at(RunAt::After(Duration::MAX)),
+            fine().run_at(RunAt::At(DateTime::<Utc>::MAX_UTC)),
+        ];
+        for job in bad {
+            let err = b.enqueue(job.clone()).await.unwrap_err();
+            assert!(matches!(err, Error::Invalid(_)), "{err}");
+            assert!(!err.to_string().contains("4111"), "{err}");
+            let err = b.enqueue_many(vec![fine(), job.clone()]).await.unwrap_err();
+            assert!(matches!(err, Error::Invalid(_)), "{err}");
+            let mut tx = b.begin().await.unwrap();
+            let err = b.enqueue_in(&mut tx, job).await.unwrap_err();
+            assert!(matches!(err, Error::Invalid(_)), "{err}");
+            tx.rollback().await.unwrap();
+        }
+        assert_eq!(b.counts().await.unwrap().total(), 0, "a refused call inserted");
     }
 }

@@ -6,8 +6,14 @@ use std::time::Duration;
 
 use super::{Harness, claim, claim_then_take_over, enqueue, lease, record};
 use crate::backend::Backend;
+use chrono::{TimeDelta, Utc};
+use serde_json::json;
+
+use crate::error::{Error, InvalidInput};
+use crate::limits;
 use crate::types::{
-    CancelOutcome, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, JobId, JobStatus, RunAt,
+    CancelOutcome, Claim, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, JobId, JobStatus,
+    NewJob, RunAt,
 };
 
 cases! {
@@ -213,5 +219,68 @@ cases! {
         let rec = record(b, running).await;
         assert_eq!(rec.status, JobStatus::Cancelled);
         assert_eq!(rec.last_error.as_deref(), Some("order withdrawn"));
+    }
+
+    /// One bad value never costs the other outcomes of a batch their write: error text with a
+    /// NUL character or past the size cap, and a retry delay past the range, are made storable.
+    pub async fn finalize_many_makes_bad_values_storable<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let jobs: Vec<NewJob> = (0..9).map(|n| NewJob::from_value(json!({ "n": n }))).collect();
+        b.enqueue_many(jobs).await.unwrap();
+        let claimed = claim(b, 9).await.jobs;
+        assert_eq!(claimed.len(), 9);
+        let long = format!("partner said \0 no {}", "x".repeat(100_000));
+        let mut items: Vec<(Claim, Finalize)> = claimed[..7]
+            .iter()
+            .map(|j| (j.claim(), Finalize::Complete))
+            .collect();
+        items.push((claimed[7].claim(), Finalize::Fail { error: long }));
+        let never = Finalize::Retry {
+            at: RunAt::After(Duration::MAX),
+            error: "later\0".into(),
+        };
+        items.push((claimed[8].claim(), never));
+        let outcomes = b.finalize_many(&items).await.expect("a storable batch");
+        assert!(outcomes.iter().all(|o| o.is_applied()), "{outcomes:?}");
+        for job in &claimed[..7] {
+            assert_eq!(record(b, job.id).await.status, JobStatus::Completed);
+        }
+        let failed = record(b, claimed[7].id).await;
+        let error = failed.last_error.unwrap_or_default();
+        assert_eq!(failed.status, JobStatus::Failed);
+        assert!(!error.contains('\0') && error.starts_with("partner said  no"), "{error:.40}");
+        assert!(error.len() <= limits::MAX_ERROR_BYTES, "{} bytes kept", error.len());
+        let retried = record(b, claimed[8].id).await;
+        assert_eq!(retried.status, JobStatus::Pending);
+        assert_eq!(retried.last_error.as_deref(), Some("later"));
+        let latest = Utc::now() + TimeDelta::from_std(limits::MAX_DELAY).unwrap();
+        assert!(retried.next_attempt_at <= latest + TimeDelta::days(1));
+        assert!(retried.next_attempt_at >= latest - TimeDelta::days(1));
+    }
+
+    /// Two outcomes for one claim in one batch are refused with a typed error, and nothing of the
+    /// batch is written.
+    pub async fn finalize_many_refuses_two_outcomes_for_one_claim<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        b.enqueue_many(vec![NewJob::from_value(json!({})), NewJob::from_value(json!({}))])
+            .await
+            .unwrap();
+        let jobs = claim(b, 2).await.jobs;
+        let (a, other) = (&jobs[0], &jobs[1]);
+        let fail = Finalize::Fail {
+            error: "no".into(),
+        };
+        let items = [
+            (a.claim(), Finalize::Complete),
+            (other.claim(), Finalize::Complete),
+            (a.claim(), fail),
+        ];
+        let err = b.finalize_many(&items).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid(InvalidInput::DuplicateClaim { id, .. }) if *id == a.id),
+            "{err}"
+        );
+        assert_eq!(record(b, a.id).await.status, JobStatus::InFlight);
+        assert_eq!(record(b, other.id).await.status, JobStatus::InFlight);
     }
 }

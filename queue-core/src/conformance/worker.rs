@@ -10,9 +10,11 @@ use tokio::sync::Notify;
 use super::hooks::{Recorder, StageFollowUp};
 use super::{Harness, claim, enqueue, lease, record};
 use crate::backend::Backend;
+use crate::error::BoxError;
 use crate::handler::{Handler, JobContext, JobError};
+use crate::hooks::{FinalizeEvent, FinalizeHook};
 use crate::retry::RetryPolicy;
-use crate::types::{JobId, JobStatus, NewJob};
+use crate::types::{JobId, JobStatus, Lease, NewJob};
 use crate::worker::{Worker, WorkerConfig};
 
 struct Gate {
@@ -85,6 +87,22 @@ impl Handler for NeverCalled {
     async fn handle(&self, _ctx: JobContext, _payload: Typed) -> Result<(), JobError> {
         *self.0.lock().unwrap() += 1;
         Ok(())
+    }
+}
+
+/// A hook that refuses every outcome, named `always_refuses`.
+struct AlwaysRefuses;
+
+impl<Tx: Send, P: Sync> FinalizeHook<Tx, P> for AlwaysRefuses {
+    fn name(&self) -> &str {
+        "always_refuses"
+    }
+    async fn after_applied(
+        &self,
+        _tx: &mut Tx,
+        _event: &FinalizeEvent<'_, P>,
+    ) -> Result<(), BoxError> {
+        Err("the domain store refuses".into())
     }
 }
 
@@ -297,5 +315,31 @@ cases! {
             10,
             "one hook run per applied finalize"
         );
+    }
+
+    /// A hook that keeps failing does not leave its job in flight forever: once the lease is
+    /// nearly over the job is ended dead without the hooks, and `last_error` names the hook.
+    pub async fn worker_ends_a_job_dead_when_a_hook_keeps_failing<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let config = WorkerConfig {
+            lease: Lease::from_secs(3).unwrap(),
+            job_timeout: Duration::from_secs(1),
+            ..quick_retries(3)
+        };
+        let worker = Worker::new(b.clone(), Noop, config)
+            .unwrap()
+            .hook(AlwaysRefuses)
+            .start();
+        let stats = worker
+            .wait_for_timeout(Duration::from_secs(30), |s| s.dead == 1)
+            .await
+            .expect("the job ends dead");
+        worker.shutdown().await.unwrap();
+        assert_eq!((stats.completed, stats.finalize_errors), (0, 0));
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Dead);
+        let error = rec.last_error.unwrap_or_default();
+        assert!(error.contains("always_refuses"), "{error}");
     }
 }

@@ -1,10 +1,12 @@
 //! The dispatcher: claims jobs while slots are free, buffers what a claim returned, starts
-//! buffered jobs as handlers finish, and wakes on a backend signal or the poll interval.
+//! buffered jobs as handlers finish, wakes on a backend signal or the poll interval, and backs
+//! off while claims fail.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::{Id, JoinError, JoinSet};
@@ -12,12 +14,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use super::runner::run_job;
+use super::runner::{LeaseClock, run_job};
 use crate::backend::Backend;
+use crate::backoff::Backoff;
 use crate::error::Result;
 use crate::events;
-use crate::handler::Handler;
-use crate::types::{ClaimBatch, ClaimRequest, ClaimedJob};
+use crate::handler::{Cancel, Handler};
+use crate::types::{ClaimBatch, ClaimRequest, ClaimedJob, FinalizeOutcome};
+
+/// The longest pause between two claims while they fail.
+const LONGEST_CLAIM_PAUSE: Duration = Duration::from_secs(30);
 
 /// A claimed job waiting for a free slot, with when its lease started (measured locally before
 /// the claim was sent, so the estimate errs on the short side).
@@ -30,26 +36,36 @@ pub(super) struct Buffered {
 /// and the token that asks its handler to stop.
 pub(super) struct Running {
     pub(super) job: Arc<ClaimedJob>,
-    pub(super) cancel: CancellationToken,
+    pub(super) cancel: Cancel,
 }
 
 /// What a claim in flight resolves to: how many jobs it asked for, when it was sent, and what
 /// came back. The dispatcher keeps starting buffered jobs while it runs.
-type ClaimInFlight = Pin<Box<dyn Future<Output = (u32, Instant, Result<ClaimBatch>)> + Send>>;
+pub(super) type ClaimInFlight =
+    Pin<Box<dyn Future<Output = (u32, Instant, Result<ClaimBatch>)> + Send>>;
 
 type Wake = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Claims while they fail: how many in a row, since when, and when to try again.
+struct Outage {
+    failures: u32,
+    since: Instant,
+    backoff: Backoff,
+    retry_at: Instant,
+}
 
 pub(super) struct Dispatcher<B: Backend, H: Handler> {
     pub(super) shared: Arc<Shared<B, H>>,
     pub(super) buffer: VecDeque<Buffered>,
     pub(super) running: JoinSet<()>,
     pub(super) owners: HashMap<Id, Running>,
-    claiming: Option<ClaimInFlight>,
+    pub(super) claiming: Option<ClaimInFlight>,
     /// Whether work may be waiting: at start, after a full batch, a wake-up or a poll tick.
     poll_due: bool,
     /// Claim again once this many slots are free (or when idle): many small claims cost a
     /// round trip and a commit each, one larger claim costs little more.
     refill_at: usize,
+    outage: Option<Outage>,
 }
 
 impl<B: Backend, H: Handler> Dispatcher<B, H> {
@@ -64,11 +80,12 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             claiming: None,
             poll_due: true,
             refill_at,
+            outage: None,
         }
     }
 
-    /// Claims and runs jobs until `stop` fires; returns with the claim in flight received, so
-    /// that shutdown can release everything this worker holds.
+    /// Claims and runs jobs until `stop` fires. A claim still in flight then stays in
+    /// `claiming`, for shutdown to receive within its deadline.
     pub(super) async fn run(&mut self, stop: &CancellationToken) {
         let wake = self.shared.backend.wake_signal();
         let mut woken = arm_wake(&wake);
@@ -77,12 +94,18 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         loop {
             self.start_buffered().await;
             if stop.is_cancelled() {
-                break;
+                return;
             }
             self.claim_if_room();
+            // While claims fail, the next try waits for the outage's pause, not the poll.
+            if let Some(outage) = &self.outage
+                && poll.deadline() != outage.retry_at
+            {
+                poll.as_mut().reset(outage.retry_at);
+            }
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => break,
+                _ = stop.cancelled() => return,
                 (want, sent, result) = async { self.claiming.as_mut().expect("guarded").await },
                     if self.claiming.is_some() =>
                 {
@@ -102,16 +125,19 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
                 }
             }
         }
-        // A claim already sent may have taken jobs: receive them so shutdown releases them.
-        if let Some(claim) = self.claiming.take() {
-            let (want, sent, result) = claim.await;
-            self.accept(want, sent, result);
-        }
     }
 
-    /// Sends a claim when work may be waiting and enough slots are free.
+    /// Sends a claim when work may be waiting, enough slots are free, and no outage's pause is
+    /// running.
     fn claim_if_room(&mut self) {
         if self.claiming.is_some() || !self.poll_due {
+            return;
+        }
+        if self
+            .outage
+            .as_ref()
+            .is_some_and(|o| Instant::now() < o.retry_at)
+        {
             return;
         }
         let config = &self.shared.config;
@@ -131,17 +157,34 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
     }
 
     /// Buffers what a claim returned. A full batch means more work is likely waiting: claim
-    /// again as soon as there is room.
-    fn accept(&mut self, want: u32, sent: Instant, result: Result<ClaimBatch>) {
+    /// again as soon as there is room. A failed claim starts (or continues) an outage: one
+    /// warning, then pauses doubling from the poll interval to 30 s, and one info at recovery.
+    pub(super) fn accept(&mut self, want: u32, sent: Instant, result: Result<ClaimBatch>) {
         let queue = self.shared.backend.queue();
         self.shared.stats.send_modify(|s| s.claim_passes += 1);
         let batch = match result {
             Ok(batch) => batch,
             Err(err) => {
-                events::claim_failed(queue, &err);
+                self.shared.stats.send_modify(|s| s.claim_failures += 1);
+                let outage = self.outage.get_or_insert_with(|| Outage {
+                    failures: 0,
+                    since: sent,
+                    backoff: Backoff::new(self.shared.config.poll_interval, LONGEST_CLAIM_PAUSE),
+                    retry_at: sent,
+                });
+                let pause = outage.backoff.pause();
+                outage.failures += 1;
+                outage.retry_at = Instant::now() + pause;
+                if outage.failures == 1 {
+                    events::claim_failed(queue, &err, pause);
+                }
+                self.poll_due = true;
                 return;
             }
         };
+        if let Some(outage) = self.outage.take() {
+            events::claim_recovered(queue, outage.failures, outage.since.elapsed());
+        }
         let got = batch.jobs.len();
         self.shared.stats.send_modify(|s| s.claimed += got as u64);
         for job in batch.jobs {
@@ -158,27 +201,21 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         self.poll_due |= got == want as usize;
     }
 
-    /// Starts buffered jobs while slots are free; releases those whose lease is too far gone.
+    /// Starts buffered jobs while slots are free, each only while the worker knows it still
+    /// holds the job's lease with enough left; gives back those it cannot vouch for.
     async fn start_buffered(&mut self) {
         let config = &self.shared.config;
         while self.running.len() < config.concurrency {
             let Some(next) = self.buffer.pop_front() else {
                 return;
             };
-            let lease_left = config
-                .lease
-                .duration()
-                .saturating_sub(next.lease_started.elapsed());
-            if !self.shared.handler.runs_long() && lease_left < config.job_timeout {
-                // Starting now could outlive the lease and race a second holder: give it back.
-                let reason = "too little lease left to start";
-                self.shared.finalizer.release(&next.job, reason).await;
+            let clock = LeaseClock::new(config.lease.duration(), next.lease_started);
+            if !still_held(&self.shared, &next.job, &clock).await {
                 continue;
             }
-            let cancel = CancellationToken::new();
+            let cancel = Cancel::default();
             let job = Arc::new(next.job);
-            let deadline = next.lease_started + config.lease.duration();
-            let run = run_job(self.shared.clone(), job.clone(), cancel.clone(), deadline);
+            let run = run_job(self.shared.clone(), job.clone(), cancel.clone(), clock);
             let task = self.running.spawn(run);
             self.owners.insert(task.id(), Running { job, cancel });
             self.shared.stats.send_modify(|s| s.started += 1);
@@ -203,6 +240,49 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             events::finalize_failed(queue, Some(owner.job.claim()), 1, &error);
         }
         Some(owner.job)
+    }
+}
+
+/// Whether a buffered job may start. A job without heartbeats needs its timeout's worth of
+/// lease left, or it is released. A long job whose lease has run down by a third first
+/// renews it with a fenced heartbeat: if another worker took it over meanwhile, it does not
+/// run here.
+async fn still_held<B: Backend, H: Handler>(
+    shared: &Shared<B, H>,
+    job: &ClaimedJob,
+    clock: &LeaseClock,
+) -> bool {
+    let config = &shared.config;
+    let lease = config.lease.duration();
+    if !shared.handler.runs_long() {
+        if clock.left() >= config.job_timeout {
+            return true;
+        }
+        // Starting now could outlive the lease and race a second holder: give it back.
+        let reason = "too little lease left to start";
+        shared.finalizer.release(job, reason, clock.expires()).await;
+        return false;
+    }
+    if clock.left() >= lease * 2 / 3 {
+        return true;
+    }
+    let sent = Instant::now();
+    match shared.backend.extend_lease(job.claim()).await {
+        Ok(FinalizeOutcome::Applied) => {
+            clock.renewed(sent);
+            true
+        }
+        Ok(FinalizeOutcome::Stale) => {
+            events::lease_lost(shared.backend.queue(), job.claim());
+            shared.stats.send_modify(|s| s.stale += 1);
+            false
+        }
+        Err(err) => {
+            events::heartbeat_failed(shared.backend.queue(), job.claim(), &err);
+            let reason = "the lease could not be renewed before start";
+            shared.finalizer.release(job, reason, clock.expires()).await;
+            false
+        }
     }
 }
 

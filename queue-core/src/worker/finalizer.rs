@@ -1,42 +1,65 @@
 //! The one place a worker writes a job's outcome: fenced, with the hooks when there are any, in
-//! batches when there are none, tried again on failure on one schedule, and every outcome
-//! counted and reported through [`events`].
+//! batches when there are none, every outcome counted and reported through [`events`].
+//!
+//! One retry schedule for every write ([`Backoff`]: 50 ms doubling to 5 s, with jitter), tried
+//! until the job's lease deadline, after which the lease decides. What cannot heal by retrying
+//! is not retried: a batch the database refuses is split until the bad item stands alone; a
+//! hook that keeps failing until the lease is nearly over gets the job ended `dead` without the
+//! hooks, so that no job is left in flight forever. A write whose commit result was lost and
+//! that then finds the job gone is checked, and reported as applied or as unknown, never as
+//! another worker's fence.
 
-use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stats::WorkerStats;
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
 use crate::events;
 use crate::hooks::{Hooks, finalize_once};
-use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, QueueName};
+use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobStatus};
 
-/// The pauses between tries of a failed finalize, whatever its kind (the database or a hook):
-/// the fence makes a late try harmless, and a job whose finalize keeps failing waits for its
-/// lease to lapse.
-const RETRY_DELAYS: [Duration; 3] = [
-    Duration::from_millis(50),
-    Duration::from_millis(250),
-    Duration::from_secs(1),
-];
-
+/// The first pause before a failed write is tried again; pauses double from here.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a write.
+const LONGEST_PAUSE: Duration = Duration::from_secs(5);
+/// A failing hook is tried at least this often before the job is ended without it.
+const HOOK_TRIES: u32 = 3;
 /// The most outcomes one batched write carries.
 const BATCH_LIMIT: usize = 512;
 
+/// An outcome to write, with the local estimate of when its job's lease ends.
+struct Outcome {
+    claim: Claim,
+    action: Finalize,
+    deadline: Instant,
+}
+
+/// What became of a write.
+enum Written {
+    /// The fence applied it, or refused it.
+    Done(FinalizeOutcome),
+    /// Its commit result was lost and the job has moved on since: it may or may not have been
+    /// written.
+    Unknown,
+    /// It failed for good; the job waits for its lease to lapse.
+    Failed(Error),
+}
+
 /// Writes outcomes for one worker.
 pub(super) struct Finalizer<B: Backend, P> {
-    backend: B,
+    writer: Arc<Writer<B>>,
     hooks: Hooks<B::Tx, P>,
-    stats: watch::Sender<WorkerStats>,
     /// Where outcomes go to be written in batches; `None` when hooks need a transaction per job
     /// or batching is off.
-    batch: Option<mpsc::Sender<(Claim, Finalize)>>,
+    batch: Option<mpsc::Sender<Outcome>>,
 }
 
 /// The batching task, stopped once no job can send to it any more.
@@ -46,10 +69,13 @@ pub(super) struct BatchTask {
 }
 
 impl BatchTask {
-    /// Lets the task write what it holds and waits for it to end.
-    pub(super) async fn finish(self) {
+    /// Lets the task write what it holds and waits for it to end, at most until `deadline`.
+    pub(super) async fn finish(self, deadline: Instant) {
         self.done.cancel();
-        let _ = self.task.await;
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout_at(deadline, self.task).await.is_err() {
+            abort.abort();
+        }
     }
 }
 
@@ -58,22 +84,26 @@ where
     B: Backend,
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    /// A finalizer; with `batch` and no hooks it also starts the batching task, whose queue
-    /// holds `capacity` outcomes.
+    /// A finalizer for jobs held under `lease`; with `batch` and no hooks it also starts the
+    /// batching task, whose queue holds `capacity` outcomes.
     pub(super) fn start(
         backend: B,
         hooks: Hooks<B::Tx, P>,
         stats: watch::Sender<WorkerStats>,
-        batch: bool,
-        capacity: usize,
+        lease: Duration,
+        (batch, capacity): (bool, usize),
     ) -> (Self, Option<BatchTask>) {
+        let writer = Arc::new(Writer {
+            backend,
+            stats,
+            lease,
+        });
         let (sender, task) = if batch && hooks.is_empty() {
             let (tx, rx) = mpsc::channel(capacity.max(BATCH_LIMIT) * 2);
             let done = CancellationToken::new();
             let batcher = Batcher {
-                backend: backend.clone(),
+                writer: writer.clone(),
                 rx,
-                stats: stats.clone(),
                 done: done.clone(),
             };
             let task = tokio::spawn(batcher.run());
@@ -82,120 +112,282 @@ where
             (None, None)
         };
         let finalizer = Finalizer {
-            backend,
+            writer,
             hooks,
-            stats,
             batch: sender,
         };
         (finalizer, task)
     }
 
     /// Writes a job's outcome: handed to the batching task when there is one, written now
-    /// otherwise.
-    pub(super) async fn finish(&self, job: &ClaimedJob, action: Finalize) {
-        if let Some(batch) = &self.batch
-            && batch.send((job.claim(), action.clone())).await.is_ok()
-        {
-            return;
+    /// otherwise. `deadline` is when the job's lease ends by the local clock.
+    pub(super) async fn finish(&self, job: &ClaimedJob, action: Finalize, deadline: Instant) {
+        if let Some(batch) = &self.batch {
+            let outcome = Outcome {
+                claim: job.claim(),
+                action,
+                deadline,
+            };
+            match batch.send(outcome).await {
+                Ok(()) => return,
+                Err(refused) => {
+                    let Outcome { action, .. } = refused.0;
+                    self.finish_now(job, action, deadline).await;
+                    return;
+                }
+            }
         }
-        self.finish_now(job, action).await;
+        self.finish_now(job, action, deadline).await;
     }
 
     /// Writes a job's outcome now, hooks included; true when the write applied.
-    pub(super) async fn finish_now(&self, job: &ClaimedJob, action: Finalize) -> bool {
-        let queue = self.backend.queue();
-        let result = with_retries(queue, 1, || {
-            finalize_once(&self.backend, &self.hooks, job, &action)
-        })
-        .await;
-        let applied = matches!(result, Ok(FinalizeOutcome::Applied));
-        report(queue, &self.stats, job.claim(), &action, result);
+    pub(super) async fn finish_now(
+        &self,
+        job: &ClaimedJob,
+        action: Finalize,
+        deadline: Instant,
+    ) -> bool {
+        let (action, written) = self.write_with_hooks(job, action, deadline).await;
+        let applied = matches!(written, Written::Done(FinalizeOutcome::Applied));
+        self.writer.report(job.claim(), &action, &written);
         applied
     }
 
     /// Gives a claimed job back unstarted (fenced); true when the release applied.
-    pub(super) async fn release(&self, job: &ClaimedJob, reason: &str) -> bool {
-        events::claim_released(self.backend.queue(), job.claim(), reason);
-        self.finish_now(job, Finalize::Release).await
+    pub(super) async fn release(&self, job: &ClaimedJob, reason: &str, deadline: Instant) -> bool {
+        events::claim_released(self.writer.backend.queue(), job.claim(), reason);
+        self.finish_now(job, Finalize::Release, deadline).await
     }
 
     /// Gives back the jobs whose tasks were aborted at the shutdown deadline: one batched,
     /// fenced write, tried once and without hooks (a release ends nothing for them to record),
     /// so that shutdown keeps its deadline. A job whose release fails waits for its lease.
-    pub(super) async fn release_aborted(&self, jobs: &[std::sync::Arc<ClaimedJob>]) {
+    pub(super) async fn release_aborted(&self, jobs: &[Arc<ClaimedJob>]) {
         if jobs.is_empty() {
             return;
         }
-        let queue = self.backend.queue();
-        let items: Vec<(Claim, Finalize)> = jobs
+        let queue = self.writer.backend.queue();
+        let outcomes: Vec<Outcome> = jobs
             .iter()
             .map(|job| {
                 events::claim_released(queue, job.claim(), "aborted at the shutdown deadline");
-                (job.claim(), Finalize::Release)
+                Outcome {
+                    claim: job.claim(),
+                    action: Finalize::Release,
+                    deadline: Instant::now(),
+                }
             })
             .collect();
-        match self.backend.finalize_many(&items).await {
-            Ok(outcomes) => {
-                for ((claim, action), outcome) in items.iter().zip(outcomes) {
-                    report(queue, &self.stats, *claim, action, Ok(outcome));
+        self.writer.write_batch(outcomes).await;
+    }
+
+    /// The write of one outcome with the hooks, tried again on the schedule until `deadline`.
+    /// Returns the write that was made (a hook that kept failing turns it into `Dead`).
+    async fn write_with_hooks(
+        &self,
+        job: &ClaimedJob,
+        action: Finalize,
+        deadline: Instant,
+    ) -> (Finalize, Written) {
+        let writer = &self.writer;
+        let queue = writer.backend.queue();
+        let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
+        let mut maybe_written = false;
+        let mut hook_failures = 0;
+        loop {
+            let err = match finalize_once(&writer.backend, &self.hooks, job, &action).await {
+                Ok(FinalizeOutcome::Stale) if maybe_written => {
+                    let written = writer.confirm(job.claim(), &action).await;
+                    return (action, written);
                 }
+                Ok(outcome) => return (action, Written::Done(outcome)),
+                Err(err) => err,
+            };
+            let failing_hook = match &err {
+                Error::Hook { hook, .. } => Some(hook.clone()),
+                _ => None,
+            };
+            if failing_hook.is_none() && !err.is_transient() {
+                return (action, Written::Failed(err));
             }
-            Err(err) => {
-                events::finalize_failed(queue, None, items.len(), &err);
-                self.stats
-                    .send_modify(|s| s.finalize_errors += items.len() as u64);
+            // A hook error rolled everything back; a lost connection may have committed.
+            maybe_written |= failing_hook.is_none();
+            hook_failures += u32::from(failing_hook.is_some());
+            let until = match failing_hook {
+                Some(_) if hook_failures < HOOK_TRIES => Instant::now() + LONGEST_PAUSE * 2,
+                Some(_) => deadline.checked_sub(writer.lease / 10).unwrap_or(deadline),
+                None => deadline,
+            };
+            match backoff.pause_before(until) {
+                Some(pause) => {
+                    events::finalize_retry(queue, 1, &err, pause);
+                    tokio::time::sleep(pause).await;
+                }
+                None => match failing_hook {
+                    Some(hook) => return writer.end_dead(job.claim(), &hook, &err, deadline).await,
+                    None => return (action, Written::Failed(err)),
+                },
             }
         }
     }
 }
 
-/// Runs `attempt` until it succeeds or [`RETRY_DELAYS`] is used up.
-async fn with_retries<T, F, Fut>(queue: &QueueName, jobs: usize, mut attempt: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let mut delays = RETRY_DELAYS.iter();
-    loop {
-        match attempt().await {
-            Err(err) => match delays.next() {
-                Some(&delay) => {
-                    events::finalize_retry(queue, jobs, &err, delay);
-                    tokio::time::sleep(delay).await;
-                }
-                None => return Err(err),
-            },
-            done => return done,
+/// Writes outcomes without hooks and reports them: shared by the finalizer and its batching
+/// task.
+struct Writer<B> {
+    backend: B,
+    stats: watch::Sender<WorkerStats>,
+    lease: Duration,
+}
+
+impl<B: Backend> Writer<B> {
+    /// A write whose commit result was lost found the job gone: it is ours if the job shows
+    /// our generation and the status our write leaves; otherwise nobody can tell.
+    async fn confirm(&self, claim: Claim, action: &Finalize) -> Written {
+        match self.backend.get(claim.id).await {
+            Ok(Some(row))
+                if row.claim_generation == claim.generation
+                    && row.status == action.target_status()
+                    && row.status != JobStatus::InFlight =>
+            {
+                Written::Done(FinalizeOutcome::Applied)
+            }
+            _ => Written::Unknown,
         }
+    }
+
+    /// Ends a job `dead` without the hooks, because `hook` kept failing (`error`) until the
+    /// lease was nearly over: the job must reach a terminal state; the domain side is left to
+    /// the operator (the event and `last_error` name the hook).
+    async fn end_dead(
+        &self,
+        claim: Claim,
+        hook: &str,
+        error: &Error,
+        deadline: Instant,
+    ) -> (Finalize, Written) {
+        events::hook_gave_up(self.backend.queue(), claim, hook, error);
+        let dead = Finalize::Dead {
+            reason: format!(
+                "finalize hook `{hook}` kept failing; ended dead without the hooks: {error}"
+            ),
+        };
+        let outcome = Outcome {
+            claim,
+            action: dead,
+            deadline: deadline.max(Instant::now() + LONGEST_PAUSE * 2),
+        };
+        let written = match self.write_many(std::slice::from_ref(&outcome)).await {
+            Ok(mut written) => written.remove(0),
+            Err(err) => Written::Failed(err),
+        };
+        (outcome.action, written)
+    }
+
+    /// Writes `outcomes` in one batch, tried again on the schedule while the error is transient
+    /// and the latest deadline allows; a batch the database refuses is split in halves until
+    /// the refused item stands alone.
+    async fn write_batch(&self, outcomes: Vec<Outcome>) {
+        let mut todo = vec![outcomes];
+        while let Some(batch) = todo.pop() {
+            match self.write_many(&batch).await {
+                Ok(written) => self.report_all(&batch, written),
+                Err(err) if !err.is_transient() && batch.len() > 1 => {
+                    let mut first = batch;
+                    let second = first.split_off(first.len() / 2);
+                    todo.push(second);
+                    todo.push(first);
+                }
+                Err(err) => {
+                    let claim = (batch.len() == 1).then(|| batch[0].claim);
+                    events::finalize_failed(self.backend.queue(), claim, batch.len(), &err);
+                    self.stats
+                        .send_modify(|s| s.finalize_errors += batch.len() as u64);
+                }
+            }
+        }
+    }
+
+    async fn write_many(&self, batch: &[Outcome]) -> Result<Vec<Written>> {
+        let queue = self.backend.queue();
+        let items: Vec<(Claim, Finalize)> =
+            batch.iter().map(|o| (o.claim, o.action.clone())).collect();
+        let deadline = batch
+            .iter()
+            .map(|o| o.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
+        let mut maybe_written = false;
+        loop {
+            match self.backend.finalize_many(&items).await {
+                Ok(outcomes) => {
+                    let mut written = Vec::with_capacity(outcomes.len());
+                    for ((claim, action), outcome) in items.iter().zip(outcomes) {
+                        written.push(match outcome {
+                            FinalizeOutcome::Stale if maybe_written => {
+                                self.confirm(*claim, action).await
+                            }
+                            outcome => Written::Done(outcome),
+                        });
+                    }
+                    return Ok(written);
+                }
+                Err(err) if !err.is_transient() => return Err(err),
+                Err(err) => {
+                    maybe_written = true;
+                    let Some(pause) = backoff.pause_before(deadline) else {
+                        return Err(err);
+                    };
+                    events::finalize_retry(queue, items.len(), &err, pause);
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// Counts an outcome and emits its event.
+    fn report(&self, claim: Claim, action: &Finalize, written: &Written) {
+        emit(self.backend.queue(), claim, action, written);
+        self.stats.send_modify(|s| count(s, action, written));
+    }
+
+    /// [`Writer::report`] for a batch, with one update of the counters: every update wakes the
+    /// stats' watchers.
+    fn report_all(&self, batch: &[Outcome], written: Vec<Written>) {
+        let queue = self.backend.queue();
+        for (outcome, written) in batch.iter().zip(&written) {
+            emit(queue, outcome.claim, &outcome.action, written);
+        }
+        self.stats.send_modify(|s| {
+            for (outcome, written) in batch.iter().zip(&written) {
+                count(s, &outcome.action, written);
+            }
+        });
     }
 }
 
-/// Counts an outcome and emits its event.
-fn report(
-    queue: &QueueName,
-    stats: &watch::Sender<WorkerStats>,
-    claim: Claim,
-    action: &Finalize,
-    result: Result<FinalizeOutcome>,
-) {
-    match result {
-        Ok(outcome) => {
-            events::finalized(queue, claim, action, outcome);
-            stats.send_modify(|s| s.record(action, outcome));
-        }
-        Err(err) => {
-            events::finalize_failed(queue, Some(claim), 1, &err);
-            stats.send_modify(|s| s.finalize_errors += 1);
-        }
+fn emit(queue: &crate::types::QueueName, claim: Claim, action: &Finalize, written: &Written) {
+    match written {
+        Written::Done(outcome) => events::finalized(queue, claim, action, *outcome),
+        Written::Unknown => events::finalize_unknown(queue, claim, action),
+        Written::Failed(err) => events::finalize_failed(queue, Some(claim), 1, err),
+    }
+}
+
+fn count(stats: &mut WorkerStats, action: &Finalize, written: &Written) {
+    match written {
+        Written::Done(outcome) => stats.record(action, *outcome),
+        Written::Unknown => stats.unknown += 1,
+        Written::Failed(_) => stats.finalize_errors += 1,
     }
 }
 
 /// Collects outcomes of hookless jobs and writes them in batches: each job is still fenced on
 /// its own generation, one outcome per job.
 struct Batcher<B> {
-    backend: B,
-    rx: mpsc::Receiver<(Claim, Finalize)>,
-    stats: watch::Sender<WorkerStats>,
+    writer: Arc<Writer<B>>,
+    rx: mpsc::Receiver<Outcome>,
     done: CancellationToken,
 }
 
@@ -218,31 +410,12 @@ impl<B: Backend> Batcher<B> {
             if batch.is_empty() {
                 return;
             }
-            self.write(&batch).await;
-            batch.clear();
-        }
-    }
-
-    async fn write(&self, batch: &[(Claim, Finalize)]) {
-        let queue = self.backend.queue();
-        let result = with_retries(queue, batch.len(), || self.backend.finalize_many(batch)).await;
-        match result {
-            Ok(outcomes) => {
-                for ((claim, action), outcome) in batch.iter().zip(&outcomes) {
-                    events::finalized(queue, *claim, action, *outcome);
-                }
-                // One update for the whole batch: every update wakes the stats' watchers.
-                self.stats.send_modify(|s| {
-                    for ((_, action), outcome) in batch.iter().zip(&outcomes) {
-                        s.record(action, *outcome);
-                    }
-                });
-            }
-            Err(err) => {
-                events::finalize_failed(queue, None, batch.len(), &err);
-                self.stats
-                    .send_modify(|s| s.finalize_errors += batch.len() as u64);
-            }
+            self.writer
+                .write_batch(std::mem::replace(
+                    &mut batch,
+                    Vec::with_capacity(BATCH_LIMIT),
+                ))
+                .await;
         }
     }
 }

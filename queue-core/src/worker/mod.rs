@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use config::WorkerConfig;
@@ -92,8 +93,8 @@ impl<B: Backend, H: Handler> Worker<B, H> {
             self.backend.clone(),
             self.hooks,
             stats_tx.clone(),
-            self.config.batch_finalize,
-            self.config.slots(),
+            self.config.lease.duration(),
+            (self.config.batch_finalize, self.config.slots()),
         );
         let shared = Arc::new(Shared {
             backend: self.backend,
@@ -128,10 +129,10 @@ async fn run<B: Backend, H: Handler>(
 ) -> ShutdownReport {
     let mut dispatcher = Dispatcher::new(shared.clone());
     dispatcher.run(&stop).await;
-    let report = shutdown::shut_down(&mut dispatcher).await;
+    let (report, end) = shutdown::shut_down(&mut dispatcher, Instant::now()).await;
     // Every job task has ended, so no more outcomes come: let the batches be written.
     if let Some(batch_task) = batch_task {
-        batch_task.finish().await;
+        batch_task.finish(end).await;
     }
     let report = ShutdownReport {
         stats: *shared.stats.borrow(),

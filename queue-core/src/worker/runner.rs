@@ -4,28 +4,61 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use serde::Deserialize as _;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Shared;
 use crate::backend::Backend;
 use crate::events;
-use crate::handler::{ErrorAction, Handler, JobContext, JobError};
+use crate::handler::{Cancel, CancelReason, ErrorAction, Handler, JobContext, JobError};
 use crate::retry::RetryPolicy;
 use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, RECLAIM_CAP_MESSAGE, RunAt};
 
-/// Runs one job to its outcome. `lease_deadline` is the local estimate of when its lease ends.
+/// The worker's own view of when a job's lease ends: from the instant the claim was sent, moved
+/// by every applied heartbeat (from the instant it was sent), so that it errs early.
+#[derive(Clone)]
+pub(super) struct LeaseClock {
+    lease: Duration,
+    expires: Arc<Mutex<Instant>>,
+}
+
+impl LeaseClock {
+    /// The lease of a claim sent at `sent`.
+    pub(super) fn new(lease: Duration, sent: Instant) -> Self {
+        LeaseClock {
+            lease,
+            expires: Arc::new(Mutex::new(sent + lease)),
+        }
+    }
+
+    /// When the lease ends, by the local clock.
+    pub(super) fn expires(&self) -> Instant {
+        *self.expires.lock().expect("lease clock")
+    }
+
+    /// How much of the lease is left.
+    pub(super) fn left(&self) -> Duration {
+        self.expires().saturating_duration_since(Instant::now())
+    }
+
+    /// A heartbeat sent at `sent` applied: the lease runs anew from then.
+    pub(super) fn renewed(&self, sent: Instant) {
+        *self.expires.lock().expect("lease clock") = sent + self.lease;
+    }
+}
+
+/// Runs one job to its outcome.
 pub(super) async fn run_job<B: Backend, H: Handler>(
     shared: Arc<Shared<B, H>>,
     job: Arc<ClaimedJob>,
-    cancel: CancellationToken,
-    lease_deadline: Instant,
+    cancel: Cancel,
+    clock: LeaseClock,
 ) {
     let span = tracing::info_span!(
         "queue.job",
@@ -35,8 +68,8 @@ pub(super) async fn run_job<B: Backend, H: Handler>(
         generation = job.generation.0,
     );
     async move {
-        let action = outcome_of(&shared, &job, cancel, lease_deadline).await;
-        shared.finalizer.finish(&job, action).await;
+        let action = outcome_of(&shared, &job, cancel, &clock).await;
+        shared.finalizer.finish(&job, action, clock.expires()).await;
     }
     .instrument(span)
     .await
@@ -46,8 +79,8 @@ pub(super) async fn run_job<B: Backend, H: Handler>(
 async fn outcome_of<B: Backend, H: Handler>(
     shared: &Arc<Shared<B, H>>,
     job: &ClaimedJob,
-    cancel: CancellationToken,
-    lease_deadline: Instant,
+    cancel: Cancel,
+    clock: &LeaseClock,
 ) -> Finalize {
     if job.over_reclaim_cap {
         // A poison job: its worker kept dying. Do not run it again; end it dead, fenced and with
@@ -64,7 +97,7 @@ async fn outcome_of<B: Backend, H: Handler>(
             }
         }
         Ok(payload) => {
-            let result = run_handler(shared, job, payload, cancel, lease_deadline).await;
+            let result = run_handler(shared, job, payload, cancel, clock).await;
             decide(&shared.config.retry, job, result)
         }
     }
@@ -76,21 +109,21 @@ async fn run_handler<B: Backend, H: Handler>(
     shared: &Arc<Shared<B, H>>,
     job: &ClaimedJob,
     payload: H::Payload,
-    cancel: CancellationToken,
-    lease_deadline: Instant,
+    cancel: Cancel,
+    clock: &LeaseClock,
 ) -> Result<(), JobError> {
     let queue = shared.backend.queue();
-    let mut ctx = JobContext::new(queue.clone(), job, cancel.clone());
+    let mut ctx = JobContext::running(queue.clone(), job, &cancel);
     if !shared.handler.runs_long() {
-        ctx = ctx.with_lease_deadline(lease_deadline);
+        ctx = ctx.with_lease_deadline(clock.expires());
     }
     // Caught in place rather than in a task of its own: a panic becomes a retryable error
     // without a spawn per job.
     let run = CatchUnwind(Box::pin(shared.handler.handle(ctx, payload)));
-    let _heartbeat = shared
-        .handler
-        .runs_long()
-        .then(|| AbortOnDrop(tokio::spawn(heartbeat(shared.clone(), job.claim(), cancel))));
+    let _heartbeat = shared.handler.runs_long().then(|| {
+        let beat = heartbeat(shared.clone(), job.claim(), cancel, clock.clone());
+        AbortOnDrop(tokio::spawn(beat))
+    });
     let timeout = shared.config.job_timeout;
     match tokio::time::timeout(timeout, run).await {
         Ok(Ok(result)) => result,
@@ -141,25 +174,42 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a non-string panic".to_owned())
 }
 
-/// Extends the lease every third of it; a stale heartbeat means the lease is lost: cancel.
+/// Extends the lease every third of it. A stale heartbeat means the lease is lost; heartbeats
+/// that have not applied for five sixths of the lease (two missed beats, and half a beat of
+/// margin before the lease may expire) mean it can no longer be trusted. Either way the handler
+/// is cancelled, told why.
 async fn heartbeat<B: Backend, H: Handler>(
     shared: Arc<Shared<B, H>>,
     claim: Claim,
-    cancel: CancellationToken,
+    cancel: Cancel,
+    clock: LeaseClock,
 ) {
     let queue = shared.backend.queue();
-    let every = shared.config.lease.duration() / 3;
+    let lease = clock.lease;
+    let every = lease / 3;
+    let mut next_beat = Instant::now() + every;
     loop {
-        tokio::time::sleep(every).await;
-        match shared.backend.extend_lease(claim).await {
-            Ok(FinalizeOutcome::Applied) => {}
-            Ok(FinalizeOutcome::Stale) => {
+        let untrusted_at = clock.expires() - lease / 6;
+        tokio::time::sleep_until(next_beat.min(untrusted_at)).await;
+        if Instant::now() >= untrusted_at {
+            let since = lease - clock.left().min(lease);
+            events::lease_untrusted(queue, claim, since);
+            cancel.fire(CancelReason::LeaseUntrusted);
+            return;
+        }
+        let sent = Instant::now();
+        next_beat = sent + every;
+        let beat = shared.backend.extend_lease(claim);
+        match tokio::time::timeout_at(untrusted_at, beat).await {
+            Ok(Ok(FinalizeOutcome::Applied)) => clock.renewed(sent),
+            Ok(Ok(FinalizeOutcome::Stale)) => {
                 events::lease_lost(queue, claim);
-                cancel.cancel();
+                cancel.fire(CancelReason::LeaseLost);
                 return;
             }
-            // Tried again at the next tick; the lease has slack for two misses.
-            Err(err) => events::heartbeat_failed(queue, claim, &err),
+            Ok(Err(err)) => events::heartbeat_failed(queue, claim, &err),
+            // Still unanswered when the lease stops being trusted: the loop's top says so.
+            Err(_) => {}
         }
     }
 }
@@ -201,8 +251,6 @@ pub(super) fn decide(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::types::{ClaimGeneration, JobId};
 

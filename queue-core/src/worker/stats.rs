@@ -28,6 +28,11 @@ pub struct WorkerStats {
     pub dead: u64,
     /// Finalizes that failed for good (the job waits for its lease to lapse).
     pub finalize_errors: u64,
+    /// Finalizes whose commit result was lost, the job having moved on since: written or not,
+    /// nobody can tell.
+    pub unknown: u64,
+    /// Claims that failed (the worker backs off between them).
+    pub claim_failures: u64,
 }
 
 impl WorkerStats {
@@ -41,6 +46,7 @@ impl WorkerStats {
             + self.released
             + self.stale
             + self.finalize_errors
+            + self.unknown
     }
 
     pub(super) fn record(&mut self, action: &Finalize, outcome: FinalizeOutcome) {

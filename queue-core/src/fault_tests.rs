@@ -1,0 +1,417 @@
+//! The runtime under faults the in-memory store does not have on its own: a database that fails
+//! or hangs, a reply lost after its commit, heartbeats that do not get through. A [`Faulty`]
+//! backend wraps the in-memory one and injects them; tokio's clock is paused and moved, so
+//! leases and pauses pass without sleeping.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use crate::events::capture::Captured;
+use crate::{
+    Backend, CancelOutcome, CancelReason, Claim, ClaimBatch, ClaimRequest, Enqueued, Error,
+    Finalize, FinalizeOutcome, Handler, JobContext, JobError, JobId, JobRecord, JobStatus, Lease,
+    MemoryBackend, MemoryTx, NewJob, QueueCounts, QueueName, Result, Worker, WorkerConfig,
+};
+
+/// What a [`Faulty`] backend does wrong, switched on and off by the test.
+#[derive(Default)]
+struct Faults {
+    /// Claims fail with a connection error.
+    claims_fail: AtomicBool,
+    /// Outcome writes (`finalize`, `finalize_many`, `begin`) fail with a connection error.
+    writes_fail: AtomicBool,
+    /// Heartbeats (`extend_lease`) fail with a connection error.
+    heartbeats_fail: AtomicBool,
+    /// The next outcome write commits, then its reply is lost (a connection error).
+    lose_next_reply: AtomicBool,
+    /// Every call waits forever: a database that accepts connections and never answers.
+    hang: AtomicBool,
+    claim_calls: AtomicU32,
+}
+
+#[derive(Clone)]
+struct Faulty {
+    inner: MemoryBackend,
+    faults: Arc<Faults>,
+}
+
+impl Faulty {
+    fn new() -> Self {
+        Faulty {
+            inner: MemoryBackend::new(),
+            faults: Arc::default(),
+        }
+    }
+
+    fn set(&self, fault: impl Fn(&Faults) -> &AtomicBool, on: bool) {
+        fault(&self.faults).store(on, Ordering::SeqCst);
+    }
+
+    async fn gate(&self, fault: impl Fn(&Faults) -> &AtomicBool) -> Result<()> {
+        if self.faults.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if fault(&self.faults).load(Ordering::SeqCst) {
+            return Err(Error::backend("connection refused (injected)", true));
+        }
+        Ok(())
+    }
+
+    fn reply_lost(&self) -> bool {
+        self.faults.lose_next_reply.swap(false, Ordering::SeqCst)
+    }
+}
+
+impl Backend for Faulty {
+    type Tx = MemoryTx;
+
+    fn queue(&self) -> &QueueName {
+        self.inner.queue()
+    }
+
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        self.inner.enqueue(job).await
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.inner.enqueue_many(jobs).await
+    }
+
+    async fn enqueue_in(&self, tx: &mut MemoryTx, job: NewJob) -> Result<Enqueued> {
+        self.inner.enqueue_in(tx, job).await
+    }
+
+    async fn begin(&self) -> Result<MemoryTx> {
+        self.gate(|f| &f.writes_fail).await?;
+        self.inner.begin().await
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<ClaimBatch> {
+        self.faults.claim_calls.fetch_add(1, Ordering::SeqCst);
+        self.gate(|f| &f.claims_fail).await?;
+        self.inner.claim(request).await
+    }
+
+    async fn finalize_in(
+        &self,
+        tx: &mut MemoryTx,
+        claim: Claim,
+        action: &Finalize,
+    ) -> Result<FinalizeOutcome> {
+        self.inner.finalize_in(tx, claim, action).await
+    }
+
+    async fn finalize(&self, claim: Claim, action: &Finalize) -> Result<FinalizeOutcome> {
+        Ok(self.finalize_many(&[(claim, action.clone())]).await?[0])
+    }
+
+    async fn finalize_many(&self, items: &[(Claim, Finalize)]) -> Result<Vec<FinalizeOutcome>> {
+        self.gate(|f| &f.writes_fail).await?;
+        let outcomes = self.inner.finalize_many(items).await?;
+        if self.reply_lost() {
+            return Err(Error::backend(
+                "connection reset after commit (injected)",
+                true,
+            ));
+        }
+        Ok(outcomes)
+    }
+
+    async fn extend_lease(&self, claim: Claim) -> Result<FinalizeOutcome> {
+        self.gate(|f| &f.heartbeats_fail).await?;
+        self.inner.extend_lease(claim).await
+    }
+
+    async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
+        self.inner.cancel(id).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
+        self.gate(|f| &f.hang).await?;
+        self.inner.get(id).await
+    }
+
+    async fn counts(&self) -> Result<QueueCounts> {
+        self.inner.counts().await
+    }
+
+    fn wake_signal(&self) -> Option<Arc<Notify>> {
+        self.inner.wake_signal()
+    }
+}
+
+struct Quick;
+
+impl Handler for Quick {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+/// A long job that runs until its token fires, and says why it fired.
+struct UntilCancelled {
+    started: Arc<Notify>,
+    reasons: Arc<std::sync::Mutex<Vec<Option<CancelReason>>>>,
+}
+
+impl Handler for UntilCancelled {
+    type Payload = Value;
+    async fn handle(&self, ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        ctx.cancellation().cancelled().await;
+        self.reasons.lock().unwrap().push(ctx.cancel_reason());
+        Err(JobError::retry("stopped"))
+    }
+    fn runs_long(&self) -> bool {
+        true
+    }
+}
+
+fn quick(config: WorkerConfig) -> WorkerConfig {
+    WorkerConfig {
+        poll_interval: Duration::from_millis(100),
+        ..config
+    }
+}
+
+/// Database trouble far longer than a second does not cost the outcomes: the one retry
+/// schedule keeps trying until the job's lease deadline.
+#[tokio::test(start_paused = true)]
+async fn outcomes_outlast_a_long_database_outage_within_the_lease() {
+    let queue = Faulty::new();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    queue.set(|f| &f.writes_fail, true);
+    let worker = Worker::new(queue.clone(), Quick, quick(WorkerConfig::default()))
+        .unwrap()
+        .start();
+    worker.wait_for(|s| s.started == 1).await;
+    // Thirty seconds of outage (the lease is 90 s).
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    queue.set(|f| &f.writes_fail, false);
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(60), |s| s.completed == 1)
+        .await
+        .expect("the outcome is written once the database is back");
+    worker.shutdown().await.unwrap();
+    assert_eq!(stats.finalize_errors, 0);
+    assert_eq!(queue.inner.counts().await.unwrap().completed, 1);
+}
+
+/// A write that committed but whose reply was lost finds the job no longer in flight when it is
+/// tried again: it is reported as applied (the job shows this claim's write), never as another
+/// worker's fence.
+#[tokio::test(start_paused = true)]
+async fn a_commit_whose_reply_was_lost_is_not_reported_stale() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = Faulty::new();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    queue.set(|f| &f.lose_next_reply, true);
+    let worker = Worker::new(queue.clone(), Quick, quick(WorkerConfig::default()))
+        .unwrap()
+        .start();
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(30), |s| s.finished() == 1)
+        .await
+        .unwrap();
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    assert_eq!((stats.completed, stats.stale, stats.unknown), (1, 0, 0));
+    assert_eq!(captured.count(crate::events::STALE_FINALIZE_FENCED), 0);
+}
+
+/// Heartbeats that cannot get through (a pool exhausted, a database gone) cancel the handler
+/// once the worker can no longer trust its lease, and tell it why.
+#[tokio::test(start_paused = true)]
+async fn failed_heartbeats_cancel_the_handler_once_the_lease_cannot_be_trusted() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = Faulty::new();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    queue.set(|f| &f.heartbeats_fail, true);
+    let started = Arc::new(Notify::new());
+    let reasons = Arc::default();
+    let handler = UntilCancelled {
+        started: started.clone(),
+        reasons: Arc::clone(&reasons),
+    };
+    let lease = Lease::from_secs(60).unwrap();
+    let config = WorkerConfig {
+        lease,
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let began = tokio::time::Instant::now();
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    started.notified().await;
+    worker
+        .wait_for_timeout(Duration::from_secs(120), |s| s.finished() == 1)
+        .await
+        .expect("the handler is cancelled and its outcome written");
+    let cancelled_after = began.elapsed();
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    assert_eq!(
+        *reasons.lock().unwrap(),
+        vec![Some(CancelReason::LeaseUntrusted)]
+    );
+    // Five sixths of the 60 s lease, before it could expire.
+    assert!(
+        cancelled_after >= Duration::from_secs(49) && cancelled_after < Duration::from_secs(60),
+        "{cancelled_after:?}"
+    );
+    assert_eq!(captured.count(crate::events::LEASE_UNTRUSTED), 1);
+    assert_eq!(captured.count(crate::events::HEARTBEAT_FAILED), 2);
+}
+
+/// A long job that waits for its gate.
+struct LongGated {
+    started: Arc<Notify>,
+    open: Arc<Notify>,
+}
+
+impl Handler for LongGated {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        self.open.notified().await;
+        Ok(())
+    }
+    fn runs_long(&self) -> bool {
+        true
+    }
+}
+
+/// A prefetched long job that another worker took over while it waited in the buffer is not
+/// started: a fenced heartbeat before the start finds the lease lost.
+#[tokio::test(start_paused = true)]
+async fn a_prefetched_long_job_taken_over_while_buffered_never_starts() {
+    let queue = MemoryBackend::new();
+    queue
+        .enqueue(NewJob::from_value(json!({ "n": 1 })))
+        .await
+        .unwrap();
+    let second = queue
+        .enqueue(NewJob::from_value(json!({ "n": 2 })))
+        .await
+        .unwrap()
+        .id;
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let handler = LongGated {
+        started: started.clone(),
+        open: open.clone(),
+    };
+    let lease = Lease::from_secs(60).unwrap();
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: 1,
+        max_batch: 2,
+        lease,
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    started.notified().await;
+    assert_eq!(worker.stats().claimed, 2, "one running, one buffered");
+    // By the store's clock both leases run out; the running job's next heartbeat (at 20 s)
+    // renews its own, the buffered one's stays expired and another worker takes it over.
+    queue.advance_clock(Duration::from_secs(61));
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let thief = queue.claim(ClaimRequest::new(1, lease)).await.unwrap().jobs;
+    assert_eq!(thief.iter().map(|j| j.id).collect::<Vec<_>>(), vec![second]);
+    // The running job ends; the buffered one must not start.
+    open.notify_one();
+    worker
+        .wait_for_timeout(Duration::from_secs(30), |s| {
+            s.completed == 1 && s.stale == 1
+        })
+        .await
+        .expect("the first completes and the second is found lost");
+    let stats = worker.stats();
+    worker.shutdown().await.unwrap();
+    assert_eq!(stats.started, 1, "the taken-over job started anyway");
+    let row = queue.get(second).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.claim_generation.0),
+        (JobStatus::InFlight, 2)
+    );
+}
+
+/// While claims fail, the worker backs off (doubling to 30 s) and says so once; it says once
+/// when they work again.
+#[tokio::test(start_paused = true)]
+async fn a_database_outage_backs_claims_off_with_one_warning_and_one_recovery() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = Faulty::new();
+    queue.set(|f| &f.claims_fail, true);
+    let config = WorkerConfig {
+        poll_interval: Duration::from_secs(1),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(queue.clone(), Quick, config).unwrap().start();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let tries = queue.faults.claim_calls.load(Ordering::SeqCst);
+    // Polling at 1 s would have tried 120 times; 1, 2, 4, 8, 16, then every 30 s (jitter
+    // lengthens pauses), about 8.
+    assert!(
+        (4..=12).contains(&tries),
+        "{tries} claims in 120 s of outage"
+    );
+    queue.set(|f| &f.claims_fail, false);
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    worker
+        .wait_for_timeout(Duration::from_secs(120), |s| s.completed == 1)
+        .await
+        .expect("work resumes after the outage");
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    assert_eq!(captured.count(crate::events::CLAIM_FAILED), 1);
+    assert_eq!(captured.count(crate::events::CLAIM_RECOVERED), 1);
+}
+
+/// A database that stops answering does not hold a shutdown past its deadline: every wait is
+/// bounded by `shutdown_timeout + shutdown_grace`.
+#[tokio::test(start_paused = true)]
+async fn shutdown_keeps_its_deadline_when_the_database_hangs() {
+    let queue = Faulty::new();
+    for n in 0..3 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    let started = Arc::new(Notify::new());
+    let handler = UntilCancelled {
+        started: started.clone(),
+        reasons: Arc::default(),
+    };
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: 2,
+        max_batch: 3,
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), handler, config.clone())
+        .unwrap()
+        .start();
+    started.notified().await;
+    queue.set(|f| &f.hang, true);
+    let began = tokio::time::Instant::now();
+    let report = tokio::time::timeout(Duration::from_secs(600), worker.shutdown())
+        .await
+        .expect("shutdown returned")
+        .unwrap();
+    let took = began.elapsed();
+    assert!(
+        took <= config.shutdown_timeout + config.shutdown_grace + Duration::from_millis(100),
+        "shutdown took {took:?}"
+    );
+    assert_eq!(report.released_unstarted, 0, "nothing can be written");
+}
