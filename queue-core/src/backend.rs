@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use crate::error::Result;
 use crate::types::{
     CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize, FinalizeOutcome, JobId,
-    JobRecord, NewJob, QueueCounts, QueueName,
+    JobRecord, Lease, NewJob, QueueCounts, QueueName,
 };
 
 /// A transaction of a backend: the fenced write and every hook commit together or not at all.
@@ -30,9 +30,11 @@ pub trait BackendTx: Send + 'static {
 ///
 /// # Guarantees
 /// * **Claim** ([`Backend::claim`]) takes, in one atomic step, jobs that are either `pending` and
-///   due, or `in_flight` with an expired lease (`claimed_at` missing or older than the lease, by
-///   the backend's clock), in `next_attempt_at` then `priority` order. It bumps `attempts` and
-///   `claim_generation`, stamps `claimed_at`, and never hands one job to two concurrent claims.
+///   due, or `in_flight` with an expired lease (its stored `lease_expires_at` passed, by the
+///   backend's clock; a claim made before leases were stored counts from `claimed_at` and the
+///   claimer's lease; a row with neither counts as expired), in `next_attempt_at` then
+///   `priority` order. It bumps `attempts` and `claim_generation`, stamps `claimed_at`, stores
+///   the lease, and never hands one job to two concurrent claims.
 /// * **Every lease-holder write** ([`Backend::finalize_in`], [`Backend::finalize_many`],
 ///   [`Backend::extend_lease`]) is a compare-and-set on `(id, status = in_flight,
 ///   claim_generation)` and reports [`FinalizeOutcome::Stale`] when it did nothing.
@@ -98,9 +100,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
         items: &[(Claim, Finalize)],
     ) -> impl Future<Output = Result<Vec<FinalizeOutcome>>> + Send;
 
-    /// Heartbeat: restamps `claimed_at` with the backend's clock so the lease runs anew. Fenced
-    /// like a finalizer; `Stale` means the lease was already lost.
-    fn extend_lease(&self, claim: Claim) -> impl Future<Output = Result<FinalizeOutcome>> + Send;
+    /// Heartbeat: the job is held for `lease` more from now, by the backend's clock
+    /// (`lease_expires_at`, and `claimed_at` restamped). Fenced like a finalizer; `Stale` means
+    /// the lease was already lost.
+    fn extend_lease(
+        &self,
+        claim: Claim,
+        lease: Lease,
+    ) -> impl Future<Output = Result<FinalizeOutcome>> + Send;
 
     /// Administrative cancel of a job that is still `pending`. A job in flight can only be ended
     /// by its lease holder ([`Finalize::Cancel`]), so this never races a running handler.

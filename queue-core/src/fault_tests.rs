@@ -121,9 +121,9 @@ impl Backend for Faulty {
         Ok(outcomes)
     }
 
-    async fn extend_lease(&self, claim: Claim) -> Result<FinalizeOutcome> {
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<FinalizeOutcome> {
         self.gate(|f| &f.heartbeats_fail).await?;
-        self.inner.extend_lease(claim).await
+        self.inner.extend_lease(claim, lease).await
     }
 
     async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {

@@ -16,7 +16,8 @@ use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
 use crate::types::{
     CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued,
-    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName, RunAt,
+    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
+    RunAt,
 };
 
 /// A queue held in process memory. Cloning gives another handle on the same store and queue.
@@ -137,6 +138,7 @@ impl State {
             reclaims: 0,
             next_attempt_at: resolve(job.run_at, now),
             claimed_at: None,
+            lease_expires_at: None,
             claim_generation: ClaimGeneration(0),
             last_error: None,
             unique_key: job.unique_key,
@@ -173,6 +175,7 @@ impl State {
         let action = &action.storable();
         let mut row = current.clone();
         row.status = action.target_status();
+        row.lease_expires_at = None;
         row.updated_at = now;
         match action {
             Finalize::Complete => {}
@@ -191,6 +194,10 @@ impl State {
         }
         self.put(claim.id.0, Some(row))
     }
+}
+
+fn to_delta(duration: Duration) -> chrono::TimeDelta {
+    chrono::TimeDelta::from_std(duration).unwrap_or(chrono::TimeDelta::MAX)
 }
 
 fn resolve(run_at: RunAt, now: DateTime<Utc>) -> DateTime<Utc> {
@@ -263,6 +270,7 @@ impl MemoryBackend {
             reclaims: 0,
             next_attempt_at: now - chrono::Duration::hours(1),
             claimed_at: None,
+            lease_expires_at: None,
             claim_generation: ClaimGeneration(0),
             last_error: None,
             unique_key: None,
@@ -446,7 +454,11 @@ impl Backend for MemoryBackend {
             .into_iter()
             .flatten()
             .filter_map(|id| state.jobs.get(id))
-            .filter(|job| job.claimed_at.is_none_or(|at| at < now - lease))
+            .filter(|job| match job.lease_expires_at {
+                Some(expires) => expires < now,
+                // A claim from before leases were stored: the claimer's lease, from claimed_at.
+                None => job.claimed_at.is_none_or(|at| at < now - lease),
+            })
             .map(|job| (job.next_attempt_at, job.priority, job.id.0))
             .collect();
         expired.sort();
@@ -468,6 +480,7 @@ impl Backend for MemoryBackend {
             row.attempts += 1;
             row.claim_generation.0 += 1;
             row.claimed_at = Some(now);
+            row.lease_expires_at = Some(now + lease);
             row.updated_at = now;
             batch.jobs.push(ClaimedJob {
                 id: row.id,
@@ -523,7 +536,7 @@ impl Backend for MemoryBackend {
         Ok(outcomes)
     }
 
-    async fn extend_lease(&self, claim: Claim) -> Result<FinalizeOutcome> {
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<FinalizeOutcome> {
         let now = self.now();
         let mut state = self.store.state.lock().await;
         let Some(job) = state.jobs.get(&claim.id.0) else {
@@ -537,6 +550,7 @@ impl Backend for MemoryBackend {
         }
         let mut row = job.clone();
         row.claimed_at = Some(now);
+        row.lease_expires_at = Some(now + to_delta(lease.duration()));
         row.updated_at = now;
         state.put(claim.id.0, Some(row));
         Ok(FinalizeOutcome::Applied)

@@ -148,7 +148,13 @@ async fn heartbeat_keeps_a_long_job_past_its_lease() {
         .remove(0);
     for _ in 0..5 {
         queue.advance_clock(Duration::from_secs(20));
-        assert!(queue.extend_lease(job.claim()).await.unwrap().is_applied());
+        assert!(
+            queue
+                .extend_lease(job.claim(), Lease::DEFAULT)
+                .await
+                .unwrap()
+                .is_applied()
+        );
         assert!(
             queue
                 .claim(ClaimRequest::new(1, lease))

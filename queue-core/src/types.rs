@@ -38,8 +38,9 @@ impl fmt::Display for ClaimGeneration {
 
 /// How long a claim protects a job from being claimed again.
 ///
-/// A job in flight whose `claimed_at` is older than the lease (by the backend's clock) is
-/// claimable again by any worker: this is the whole recovery mechanism, folded into the claim, so
+/// The lease is stored with the claim (`lease_expires_at`, by the backend's clock) and renewed
+/// by heartbeats; once it has passed, the job is claimable again by any worker, whatever that
+/// worker's own lease: this is the whole recovery mechanism, folded into the claim, so
 /// it runs continuously and needs no boot-time sweep. Size it at three times the worst-case
 /// handler time: see [`Lease::DEFAULT`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -448,8 +449,13 @@ pub struct JobRecord {
     pub reclaims: i32,
     /// When it is (or was) due.
     pub next_attempt_at: DateTime<Utc>,
-    /// When the current (or last) claim was stamped; `None` if never claimed, or a legacy row.
+    /// When the current (or last) claim was stamped, or its last heartbeat; `None` if never
+    /// claimed, or a legacy row.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// When the holder's lease ends, by the store's clock: set by the claim and by every
+    /// heartbeat from the holder's own lease. `None` when not in flight, or for a claim made
+    /// before leases were stored (its claimer's lease then counts from `claimed_at`).
+    pub lease_expires_at: Option<DateTime<Utc>>,
     /// The fence token of the current (or last) claim; 0 if never claimed.
     pub claim_generation: ClaimGeneration,
     /// The last handler error, fail reason or cancel reason.
@@ -511,7 +517,8 @@ impl QueueCounts {
 pub struct ClaimRequest {
     /// At most this many jobs (at least 1).
     pub batch_size: u32,
-    /// The lease: in-flight jobs claimed longer ago than this are taken over.
+    /// The lease the claimed jobs are held under, stored with each claim. (In-flight jobs are
+    /// taken over once their own stored lease has passed, whatever this one is.)
     pub lease: Lease,
     /// A job whose lease expired after this many takeovers comes back flagged
     /// [`ClaimedJob::over_reclaim_cap`] (a poison job that kills its worker every time): its

@@ -536,11 +536,19 @@ async fn the_legacy_upgrade_heals_in_flight_legacy_rows() {
 
 #[test]
 fn the_committed_lease_migration_is_what_the_framework_generates() {
-    let committed = include_str!("../../migrations/20260101000004_send_jobs_claim_lease.sql");
-    let body = committed
-        .split_once("-- @generated-begin\n")
-        .expect("the generated marker")
-        .1;
+    let generated_part = |committed: &'static str| {
+        committed
+            .split_once("-- @generated-begin\n")
+            .expect("the generated marker")
+            .1
+    };
+    // The first upgrade (0004) and the framework's later table migration (0006), as committed.
+    let committed = [
+        include_str!("../../migrations/20260101000004_send_jobs_claim_lease.sql"),
+        include_str!("../../migrations/20260101000006_send_jobs_lease_expires_at.sql"),
+    ]
+    .map(generated_part)
+    .join("\n");
     let generated = upgrade_legacy_sql(
         &TableName::new("exchange_send_jobs").unwrap(),
         &queue_examples::exchange::queue_name(),
@@ -556,9 +564,9 @@ fn the_committed_lease_migration_is_what_the_framework_generates() {
             .collect()
     };
     assert_eq!(
-        statements(body),
+        statements(&committed),
         statements(&generated),
-        "regenerate the migration from upgrade_legacy_sql"
+        "commit the framework's new table migrations (table_migration_sql) as new migrations"
     );
 }
 

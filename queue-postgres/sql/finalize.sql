@@ -16,6 +16,7 @@ SET status = u.status,
         WHEN u.delay_secs IS NOT NULL THEN now() + make_interval(secs => u.delay_secs)
         ELSE j.next_attempt_at END,
     last_error = COALESCE(u.error, j.last_error),
+    lease_expires_at = NULL,
     updated_at = now(),
     finished_at = CASE WHEN u.terminal THEN now() END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[],

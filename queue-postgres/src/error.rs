@@ -60,6 +60,13 @@ pub enum PgError {
     #[error(transparent)]
     Invalid(#[from] queue_core::InvalidInput),
 
+    /// No framework table migration has this version.
+    #[error("the framework has no table migration {version}")]
+    UnknownMigration {
+        /// The version asked for.
+        version: i64,
+    },
+
     /// A configuration value was refused.
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),

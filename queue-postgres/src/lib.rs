@@ -94,7 +94,10 @@ pub use driver::{Column, Driver, Param, ParamVisitor, Params, bounds};
 pub use error::PgError;
 pub use ident::TableName;
 pub use queue::{PostgresQueue, PostgresTx, Row};
-pub use schema::{MIGRATIONS_TABLE, create_table_sql, upgrade_legacy_sql};
+pub use schema::{
+    MIGRATIONS_TABLE, create_table_sql, table_migration_sql, table_migration_versions,
+    upgrade_legacy_sql,
+};
 
 /// The `application_name` of `LISTEN` connections (visible in `pg_stat_activity`), both drivers.
 pub const LISTENER_APPLICATION_NAME: &str = "queue-listener";

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
-    FinalizeOutcome, JobId, JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
+    FinalizeOutcome, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
 };
 use tokio::sync::Notify;
 
@@ -323,9 +323,14 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         Ok(self.finalize_pooled(items).await?)
     }
 
-    async fn extend_lease(&self, claim: Claim) -> queue_core::Result<FinalizeOutcome> {
+    async fn extend_lease(
+        &self,
+        claim: Claim,
+        lease: Lease,
+    ) -> queue_core::Result<FinalizeOutcome> {
         let mut conn = D::acquire(&self.inner.pool).await?;
-        Ok(statement::extend_lease::<D>(D::pooled(&mut conn), &self.inner.sql, claim).await?)
+        let sql = &self.inner.sql;
+        Ok(statement::extend_lease::<D>(D::pooled(&mut conn), sql, claim, lease).await?)
     }
 
     async fn cancel(&self, id: JobId) -> queue_core::Result<CancelOutcome> {

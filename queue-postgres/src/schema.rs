@@ -71,12 +71,40 @@ pub fn upgrade_legacy_sql(
         sql::UPGRADE_LEGACY,
         &[("table", table.as_str()), ("queue", queue.as_str())],
     )?);
+    // What the framework's table migrations added since the first: the legacy upgrade brings a
+    // table to the first one's shape.
+    for (version, _, _) in &sql::TABLE_MIGRATIONS[1..] {
+        ddl.push('\n');
+        ddl.push_str(&table_migration_sql(table, *version)?);
+    }
     Ok(ddl)
 }
 
+/// The versions of the framework's table migrations, oldest first. A table of your own name
+/// (created from [`create_table_sql`] or upgraded with [`upgrade_legacy_sql`]) gets each new
+/// one through [`table_migration_sql`], committed as a migration of your own.
+pub fn table_migration_versions() -> Vec<i64> {
+    sql::TABLE_MIGRATIONS.iter().map(|(v, _, _)| *v).collect()
+}
+
+/// The framework's table migration `version`, rendered for `table`: commit it as a migration
+/// of your own when a release of the framework adds one (the CHANGELOG says so). Refused for a
+/// version the framework does not have.
+pub fn table_migration_sql(table: &TableName, version: i64) -> Result<String, PgError> {
+    let (_, _, template) = sql::TABLE_MIGRATIONS
+        .iter()
+        .find(|(v, _, _)| *v == version)
+        .ok_or(PgError::UnknownMigration { version })?;
+    sql::for_table(*template, table)
+}
+
 /// The indexes the statements rely on, by suffix, with what each is for.
-const REQUIRED_INDEXES: [(&str, &str); 4] = [
+const REQUIRED_INDEXES: [(&str, &str); 5] = [
     ("due_idx", "the due pick of the claim"),
+    (
+        "expiry_idx",
+        "the expired pick of the claim, WHERE status = 'in_flight'",
+    ),
     (
         "lease_idx",
         "the partial lease index WHERE status = 'in_flight'",
@@ -177,6 +205,21 @@ mod tests {
             upgrade_legacy_sql(&table, &queue, Some("bad\"; drop")).is_err(),
             "an injected index name was accepted"
         );
+    }
+
+    #[test]
+    fn the_upgrade_ends_with_every_later_table_migration() {
+        let table = TableName::new("invoice_jobs").unwrap();
+        let ddl = upgrade_legacy_sql(&table, &QueueName::default(), None).unwrap();
+        let expiry = table_migration_sql(&table, 20261201000001).unwrap();
+        assert!(ddl.ends_with(&expiry), "{ddl}");
+        assert!(expiry.contains("ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz"));
+        assert!(expiry.contains("\"invoice_jobs_expiry_idx\""));
+        assert!(matches!(
+            table_migration_sql(&table, 1),
+            Err(PgError::UnknownMigration { version: 1 })
+        ));
+        assert_eq!(table_migration_versions(), [20261130000001, 20261201000001]);
     }
 
     #[test]

@@ -43,14 +43,24 @@ pub(crate) const UPGRADE_LEGACY: Template = template!("upgrade_legacy.sql");
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 1] = [(
-    20261130000001,
-    "queue jobs",
-    Template {
-        name: "20261130000001_queue_jobs.sql",
-        text: include_str!("../migrations/20261130000001_queue_jobs.sql"),
-    },
-)];
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 2] = [
+    (
+        20261130000001,
+        "queue jobs",
+        Template {
+            name: "20261130000001_queue_jobs.sql",
+            text: include_str!("../migrations/20261130000001_queue_jobs.sql"),
+        },
+    ),
+    (
+        20261201000001,
+        "lease expires at",
+        Template {
+            name: "20261201000001_lease_expires_at.sql",
+            text: include_str!("../migrations/20261201000001_lease_expires_at.sql"),
+        },
+    ),
+];
 
 /// The names of a queue table's columns.
 pub(crate) mod col {
@@ -63,6 +73,7 @@ pub(crate) mod col {
     pub(crate) const RECLAIMS: &str = "reclaims";
     pub(crate) const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
     pub(crate) const CLAIMED_AT: &str = "claimed_at";
+    pub(crate) const LEASE_EXPIRES_AT: &str = "lease_expires_at";
     pub(crate) const CLAIM_GENERATION: &str = "claim_generation";
     pub(crate) const LAST_ERROR: &str = "last_error";
     pub(crate) const UNIQUE_KEY: &str = "unique_key";
@@ -74,7 +85,7 @@ pub(crate) mod col {
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 15] = [
+pub(crate) const COLUMNS: [(&str, &str); 16] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -84,6 +95,7 @@ pub(crate) const COLUMNS: [(&str, &str); 15] = [
     (col::RECLAIMS, "integer"),
     (col::NEXT_ATTEMPT_AT, "timestamp with time zone"),
     (col::CLAIMED_AT, "timestamp with time zone"),
+    (col::LEASE_EXPIRES_AT, "timestamp with time zone"),
     (col::CLAIM_GENERATION, "bigint"),
     (col::LAST_ERROR, "text"),
     (col::UNIQUE_KEY, "text"),
@@ -176,7 +188,9 @@ mod tests {
         let claim = squash(&queue_jobs(CLAIM));
         for needle in [
             "status = 'pending' AND next_attempt_at <= now()",
-            "status = 'in_flight' AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
+            "lease_expires_at < now() OR (lease_expires_at IS NULL AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3)))",
+            "lease_expires_at = now() + make_interval(secs => $3)",
+            "ORDER BY lease_expires_at NULLS FIRST",
             "FOR UPDATE SKIP LOCKED",
             "claim_generation = j.claim_generation + 1",
             "attempts = j.attempts + 1",
@@ -202,6 +216,10 @@ mod tests {
         assert!(
             squash(&queue_jobs(EXTEND_LEASE))
                 .contains("WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2")
+        );
+        assert!(
+            squash(&queue_jobs(EXTEND_LEASE))
+                .contains("lease_expires_at = now() + make_interval(secs => $3)")
         );
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use queue_core::{
     Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId,
-    JobRecord, JobStatus, NewJob, QueueCounts, QueueName,
+    JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
 };
 
 use crate::driver::{Column, Driver};
@@ -124,8 +124,10 @@ pub(crate) async fn extend_lease<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     claim: Claim,
+    lease: Lease,
 ) -> Result<FinalizeOutcome, PgError> {
-    let rows = D::execute(conn, &sql.extend_lease, &(claim.id.0, claim.generation.0)).await?;
+    let params = (claim.id.0, claim.generation.0, lease.as_secs_f64());
+    let rows = D::execute(conn, &sql.extend_lease, &params).await?;
     Ok(FinalizeOutcome::from_rows_affected(rows))
 }
 
@@ -270,6 +272,7 @@ fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
         reclaims: get::<D, _>(row, col::RECLAIMS)?,
         next_attempt_at: get::<D, _>(row, col::NEXT_ATTEMPT_AT)?,
         claimed_at: get::<D, _>(row, col::CLAIMED_AT)?,
+        lease_expires_at: get::<D, _>(row, col::LEASE_EXPIRES_AT)?,
         claim_generation: ClaimGeneration(get::<D, _>(row, col::CLAIM_GENERATION)?),
         last_error: get::<D, _>(row, col::LAST_ERROR)?,
         unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,

@@ -196,6 +196,7 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
         "UPDATE {} SET
             next_attempt_at = next_attempt_at - make_interval(secs => $1),
             claimed_at = claimed_at - make_interval(secs => $1),
+            lease_expires_at = lease_expires_at - make_interval(secs => $1),
             created_at = created_at - make_interval(secs => $1),
             updated_at = updated_at - make_interval(secs => $1),
             finished_at = finished_at - make_interval(secs => $1)",

@@ -33,6 +33,7 @@ per_driver!(
     connecting_to_a_stopped_server_is_a_transient_error,
     a_worker_without_listen_finds_work_by_polling,
     a_refused_outcome_costs_only_its_own_job,
+    a_claim_from_before_stored_leases_keeps_its_claimers_lease,
 );
 
 /// The server process of a transaction's connection.
@@ -379,7 +380,7 @@ fn assert_picks_are_index_backed(plan: &Value) {
     nodes(plan, &mut all);
     for (cte, index) in [
         ("due", "queue_jobs_due_idx"),
-        ("expired", "queue_jobs_lease_idx"),
+        ("expired", "queue_jobs_expiry_idx"),
     ] {
         let root = all
             .iter()
@@ -807,4 +808,40 @@ async fn a_refused_outcome_costs_only_its_own_job<D: TestDriver>() {
     worker.shutdown().await.unwrap();
     let counts = queue.counts().await.unwrap();
     assert_eq!((counts.completed, counts.in_flight), (7, 1));
+}
+
+/// A row claimed by a binary from before leases were stored (an in-flight row with
+/// `claimed_at` and no `lease_expires_at`, as during a rolling upgrade) keeps the claimer's
+/// lease, counted from `claimed_at`: it is not taken over early.
+async fn a_claim_from_before_stored_leases_keeps_its_claimers_lease<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO queue_jobs (status, payload, attempts, claimed_at, claim_generation)
+         VALUES ('in_flight', '{}', 1, now(), 1) RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        queue.claim(req(1)).await.unwrap().jobs.is_empty(),
+        "taken over early"
+    );
+    support::shift_time(
+        &db.pool,
+        "queue_jobs",
+        Lease::DEFAULT.duration() + Duration::from_secs(1),
+    )
+    .await;
+    let taken = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_eq!(
+        (taken.id, taken.generation),
+        (JobId(id), ClaimGeneration(2))
+    );
+    let row = queue.get(taken.id).await.unwrap().unwrap();
+    assert!(
+        row.lease_expires_at.is_some(),
+        "the new claim stores its lease"
+    );
+    db.drop_db().await;
 }

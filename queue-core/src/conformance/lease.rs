@@ -9,7 +9,10 @@ use serde_json::json;
 
 use super::{Harness, claim, enqueue, lease, record, req};
 use crate::backend::Backend;
-use crate::types::{ClaimGeneration, Finalize, FinalizeOutcome, JobId, JobStatus, NewJob, RunAt};
+use crate::types::{
+    ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+    RunAt,
+};
 
 async fn race_claims<B: Backend>(
     backend: &B,
@@ -171,7 +174,7 @@ cases! {
         let job = claim(b, 1).await.jobs.remove(0);
         h.advance_clock(Duration::from_secs(60)).await;
         assert_eq!(
-            b.extend_lease(job.claim()).await.unwrap(),
+            b.extend_lease(job.claim(), lease()).await.unwrap(),
             FinalizeOutcome::Applied
         );
         h.advance_clock(Duration::from_secs(60)).await;
@@ -184,11 +187,11 @@ cases! {
         let taken = claim(b, 1).await.jobs.remove(0);
         assert_eq!(taken.id, id);
         assert_eq!(
-            b.extend_lease(job.claim()).await.unwrap(),
+            b.extend_lease(job.claim(), lease()).await.unwrap(),
             FinalizeOutcome::Stale
         );
         assert_eq!(
-            b.extend_lease(taken.claim()).await.unwrap(),
+            b.extend_lease(taken.claim(), lease()).await.unwrap(),
             FinalizeOutcome::Applied
         );
     }
@@ -262,5 +265,28 @@ cases! {
             b.claim(capped).await.unwrap().jobs.is_empty(),
             "a dead job came back"
         );
+    }
+
+    /// The lease is stored with the claim, by the store's clock: a claimer with a shorter lease
+    /// cannot take over a job held under a longer one, and workers with different leases share
+    /// a queue safely.
+    pub async fn the_holders_lease_decides_not_the_claimers<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let long = ClaimRequest::new(1, Lease::from_secs(600).unwrap());
+        let short = ClaimRequest::new(1, Lease::from_secs(1).unwrap());
+        let held = b.claim(long).await.unwrap().jobs.remove(0);
+        h.advance_clock(Duration::from_secs(5)).await;
+        assert!(
+            b.claim(short).await.unwrap().jobs.is_empty(),
+            "a claimer with a 1 s lease took a job held under 600 s"
+        );
+        h.advance_clock(Duration::from_secs(596)).await;
+        let taken = b.claim(short).await.unwrap().jobs.remove(0);
+        assert_eq!((taken.id, taken.generation.0), (id, held.generation.0 + 1));
+        // Held under 1 s now: a claimer with a long lease takes it over once that second passed.
+        h.advance_clock(Duration::from_secs(2)).await;
+        let again = b.claim(long).await.unwrap().jobs.remove(0);
+        assert_eq!((again.id, again.generation.0), (id, taken.generation.0 + 1));
     }
 }

@@ -267,7 +267,7 @@ async fn still_held<B: Backend, H: Handler>(
         return true;
     }
     let sent = Instant::now();
-    match shared.backend.extend_lease(job.claim()).await {
+    match shared.backend.extend_lease(job.claim(), config.lease).await {
         Ok(FinalizeOutcome::Applied) => {
             clock.renewed(sent);
             true

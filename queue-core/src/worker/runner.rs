@@ -199,7 +199,7 @@ async fn heartbeat<B: Backend, H: Handler>(
         }
         let sent = Instant::now();
         next_beat = sent + every;
-        let beat = shared.backend.extend_lease(claim);
+        let beat = shared.backend.extend_lease(claim, shared.config.lease);
         match tokio::time::timeout_at(untrusted_at, beat).await {
             Ok(Ok(FinalizeOutcome::Applied)) => clock.renewed(sent),
             Ok(Ok(FinalizeOutcome::Stale)) => {

@@ -1,0 +1,14 @@
+-- The lease is stored with the claim: lease_expires_at is set by the claim and by every
+-- heartbeat, from the holder's own lease and the database's clock, and the claim takes over a
+-- job in flight once it has passed, whatever the claimer's own lease. A row claimed before this
+-- migration (or by a binary from before it) has none: the claim then counts the claimer's lease
+-- from claimed_at, as before, and a row with neither counts as expired.
+--
+-- The index is the expired pick's: in-flight rows only, in expiry order, those without one first.
+-- Building it scans the table once under a lock that blocks writes (not reads); on a large
+-- table, build it beforehand with CREATE INDEX CONCURRENTLY under the same name.
+
+ALTER TABLE "{{table}}" ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz;
+
+CREATE INDEX IF NOT EXISTS "{{table}}_expiry_idx"
+    ON "{{table}}" (queue, lease_expires_at NULLS FIRST) WHERE status = 'in_flight';
