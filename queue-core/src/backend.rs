@@ -8,8 +8,8 @@ use tokio::sync::Notify;
 
 use crate::error::Result;
 use crate::types::{
-    CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize, FinalizeOutcome, JobId,
-    JobRecord, Lease, NewJob, QueueCounts, QueueName,
+    CancelOutcome, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
+    FinalizeOutcome, Heartbeat, JobId, JobRecord, Lease, NewJob, QueueCounts, QueueName,
 };
 
 /// A transaction of a backend: the fenced write and every hook commit together or not at all.
@@ -101,17 +101,35 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<FinalizeOutcome>>> + Send;
 
     /// Heartbeat: the job is held for `lease` more from now, by the backend's clock
-    /// (`lease_expires_at`, and `claimed_at` restamped). Fenced like a finalizer; `Stale` means
-    /// the lease was already lost.
+    /// (`lease_expires_at`, and `claimed_at` restamped). Fenced like a finalizer:
+    /// [`Heartbeat::Lost`] means the lease was already lost; [`Heartbeat::CancelRequested`]
+    /// that it is still held and an operator asked to cancel the job.
     fn extend_lease(
         &self,
         claim: Claim,
         lease: Lease,
-    ) -> impl Future<Output = Result<FinalizeOutcome>> + Send;
+    ) -> impl Future<Output = Result<Heartbeat>> + Send;
 
-    /// Administrative cancel of a job that is still `pending`. A job in flight can only be ended
-    /// by its lease holder ([`Finalize::Cancel`]), so this never races a running handler.
-    fn cancel(&self, id: JobId) -> impl Future<Output = Result<CancelOutcome>> + Send;
+    /// Administrative cancel inside `tx`: a `pending` job is cancelled (its reason
+    /// [`CANCELLED_BY_OPERATOR`](crate::CANCELLED_BY_OPERATOR)) and returned for the finalize
+    /// hooks; a job in flight gets a cancel request for its holder, who alone may end it (so an
+    /// administrative cancel never races a running handler). [`crate::cancel_with_hooks`] runs
+    /// the hooks.
+    fn cancel_in(
+        &self,
+        tx: &mut Self::Tx,
+        id: JobId,
+    ) -> impl Future<Output = Result<CancelTarget>> + Send;
+
+    /// [`Backend::cancel_in`] in a transaction of its own, without hooks.
+    fn cancel(&self, id: JobId) -> impl Future<Output = Result<CancelOutcome>> + Send {
+        async move {
+            let mut tx = self.begin().await?;
+            let target = self.cancel_in(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(target.outcome())
+        }
+    }
 
     /// Reads one job of this queue.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;

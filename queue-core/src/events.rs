@@ -42,6 +42,11 @@ pub const LEASE_UNTRUSTED: &str = "queue.lease_untrusted";
 /// A claim failed: the first of an outage (warn). The worker then backs off, doubling the pause
 /// from the poll interval up to 30 s, and logs again only at `queue.claim_recovered`.
 pub const CLAIM_FAILED: &str = "queue.claim_failed";
+/// An operator cancelled a job: `outcome` says whether it was cancelled at once (pending) or
+/// requested of its holder (in flight) (info).
+pub const JOB_CANCELLED: &str = "queue.job_cancelled";
+/// A worker learned that an operator asked to cancel a job it holds, and is ending it (info).
+pub const CANCEL_REQUESTED: &str = "queue.cancel_requested";
 /// A claimed job was released unstarted: at shutdown, or because too little lease was left, or
 /// aborted at the shutdown deadline (info).
 pub const CLAIM_RELEASED: &str = "queue.claim_released";
@@ -144,6 +149,26 @@ pub(crate) fn lease_untrusted(queue: &QueueName, claim: Claim, since_last_beat: 
         generation = claim.generation.0,
         since_last_heartbeat_ms = since_last_beat.as_millis() as u64,
         "{LEASE_UNTRUSTED}: heartbeats have not applied; cancelling the handler"
+    );
+}
+
+pub(crate) fn cancelled(queue: &QueueName, id: JobId, outcome: crate::types::CancelOutcome) {
+    tracing::info!(
+        name: JOB_CANCELLED,
+        queue = %queue,
+        job_id = id.0,
+        outcome = ?outcome,
+        "{JOB_CANCELLED}"
+    );
+}
+
+pub(crate) fn cancel_requested(queue: &QueueName, claim: Claim) {
+    tracing::info!(
+        name: CANCEL_REQUESTED,
+        queue = %queue,
+        job_id = claim.id.0,
+        generation = claim.generation.0,
+        "{CANCEL_REQUESTED}: an operator asked to cancel the job; ending it"
     );
 }
 

@@ -12,9 +12,10 @@ use tokio::sync::Notify;
 
 use crate::events::capture::Captured;
 use crate::{
-    Backend, CancelOutcome, CancelReason, Claim, ClaimBatch, ClaimRequest, Enqueued, Error,
-    Finalize, FinalizeOutcome, Handler, JobContext, JobError, JobId, JobRecord, JobStatus, Lease,
-    MemoryBackend, MemoryTx, NewJob, QueueCounts, QueueName, Result, Worker, WorkerConfig,
+    Backend, CancelReason, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Error,
+    Finalize, FinalizeOutcome, Handler, Heartbeat, JobContext, JobError, JobId, JobRecord,
+    JobStatus, Lease, MemoryBackend, MemoryTx, NewJob, QueueCounts, QueueName, Result, Worker,
+    WorkerConfig,
 };
 
 /// What a [`Faulty`] backend does wrong, switched on and off by the test.
@@ -121,13 +122,13 @@ impl Backend for Faulty {
         Ok(outcomes)
     }
 
-    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<FinalizeOutcome> {
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<Heartbeat> {
         self.gate(|f| &f.heartbeats_fail).await?;
         self.inner.extend_lease(claim, lease).await
     }
 
-    async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
-        self.inner.cancel(id).await
+    async fn cancel_in(&self, tx: &mut MemoryTx, id: JobId) -> Result<CancelTarget> {
+        self.inner.cancel_in(tx, id).await
     }
 
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {

@@ -76,6 +76,9 @@ pub enum CancelReason {
     LeaseUntrusted,
     /// The worker is shutting down and its shutdown timeout passed.
     Shutdown,
+    /// An operator asked to cancel the job: stop; an error returned now ends the job
+    /// `cancelled`.
+    CancelRequested,
 }
 
 /// A job's cancellation token together with why it fired: the runtime fires it, the handler's
@@ -91,6 +94,11 @@ impl Cancel {
     pub(crate) fn fire(&self, reason: CancelReason) {
         let _ = self.reason.set(reason);
         self.token.cancel();
+    }
+
+    /// Why it fired, if it has.
+    pub(crate) fn reason(&self) -> Option<CancelReason> {
+        self.reason.get().copied()
     }
 }
 

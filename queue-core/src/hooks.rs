@@ -19,7 +19,9 @@ use serde::de::DeserializeOwned;
 use crate::backend::{Backend, BackendTx};
 use crate::error::{BoxError, Error, Result};
 use crate::events;
-use crate::types::{ClaimedJob, Finalize, FinalizeOutcome};
+use crate::types::{
+    CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, ClaimedJob, Finalize, FinalizeOutcome,
+};
 
 /// A job's payload as a hook sees it.
 #[derive(Debug)]
@@ -209,6 +211,44 @@ where
 {
     let outcome = finalize_once(backend, hooks, job, action).await?;
     events::finalized(backend.queue(), job.claim(), action, outcome);
+    Ok(outcome)
+}
+
+/// Administrative cancel with the finalize hooks: a `pending` job is cancelled and the hooks
+/// run in the same transaction (they see [`Finalize::Cancel`]), so domain state follows the
+/// job; a job in flight gets a cancel request, carried out by its holder with the hooks of its
+/// worker. A hook error rolls the cancel back.
+pub async fn cancel_with_hooks<B, P>(
+    backend: &B,
+    hooks: &Hooks<B::Tx, P>,
+    id: crate::types::JobId,
+) -> Result<CancelOutcome>
+where
+    B: Backend,
+    P: DeserializeOwned + Sync,
+{
+    let mut tx = backend.begin().await?;
+    let target = backend.cancel_in(&mut tx, id).await?;
+    if let CancelTarget::Cancelled(job) = &target
+        && !hooks.is_empty()
+    {
+        let action = Finalize::Cancel {
+            reason: CANCELLED_BY_OPERATOR.to_owned(),
+        };
+        let parsed = P::deserialize(&job.payload).ok();
+        let event = FinalizeEvent {
+            job,
+            payload: parsed.as_ref().map_or(Payload::Malformed, Payload::Parsed),
+            action: &action,
+        };
+        if let Err(err) = hooks.run(&mut tx, &event).await {
+            let _ = tx.rollback().await;
+            return Err(err);
+        }
+    }
+    tx.commit().await?;
+    let outcome = target.outcome();
+    events::cancelled(backend.queue(), id, outcome);
     Ok(outcome)
 }
 

@@ -78,13 +78,16 @@ pub mod conformance;
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};
 pub use handler::{CancelReason, ErrorAction, Handler, JobContext, JobError, ResultExt};
-pub use hooks::{FinalizeEvent, FinalizeHook, Hooks, Payload, finalize_with_hooks};
+pub use hooks::{
+    FinalizeEvent, FinalizeHook, Hooks, Payload, cancel_with_hooks, finalize_with_hooks,
+};
 pub use memory::{MemoryBackend, MemoryTx};
 pub use retry::RetryPolicy;
 pub use types::{
-    CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob,
-    DEFAULT_MAX_RECLAIMS, Enqueued, Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, Lease,
-    NewJob, QueueCounts, QueueName, RECLAIM_CAP_MESSAGE, RunAt,
+    CANCEL_REQUESTED_MESSAGE, CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, Claim,
+    ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Enqueued,
+    Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts,
+    QueueName, RECLAIM_CAP_MESSAGE, RunAt,
 };
 pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

@@ -15,9 +15,9 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
 use crate::types::{
-    CancelOutcome, Claim, ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued,
-    Finalize, FinalizeOutcome, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
-    RunAt,
+    CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
+    ClaimedJob, Enqueued, Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease,
+    NewJob, QueueCounts, QueueName, RunAt,
 };
 
 /// A queue held in process memory. Cloning gives another handle on the same store and queue.
@@ -139,6 +139,7 @@ impl State {
             next_attempt_at: resolve(job.run_at, now),
             claimed_at: None,
             lease_expires_at: None,
+            cancel_requested_at: None,
             claim_generation: ClaimGeneration(0),
             last_error: None,
             unique_key: job.unique_key,
@@ -271,6 +272,7 @@ impl MemoryBackend {
             next_attempt_at: now - chrono::Duration::hours(1),
             claimed_at: None,
             lease_expires_at: None,
+            cancel_requested_at: None,
             claim_generation: ClaimGeneration(0),
             last_error: None,
             unique_key: None,
@@ -472,6 +474,7 @@ impl Backend for MemoryBackend {
         for (_, _, id) in live {
             let mut row = state.jobs[&id].clone();
             let taken_over = row.status == JobStatus::InFlight;
+            let cancel_requested = row.cancel_requested_at.is_some();
             let over_reclaim_cap = taken_over && row.reclaims >= request.max_reclaims as i32;
             if taken_over {
                 row.reclaims += 1;
@@ -489,6 +492,7 @@ impl Backend for MemoryBackend {
                 reclaims: row.reclaims,
                 taken_over,
                 over_reclaim_cap,
+                cancel_requested,
                 claimed_at: now,
                 priority: row.priority,
                 payload: row.payload.clone(),
@@ -536,48 +540,56 @@ impl Backend for MemoryBackend {
         Ok(outcomes)
     }
 
-    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<FinalizeOutcome> {
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<Heartbeat> {
         let now = self.now();
         let mut state = self.store.state.lock().await;
         let Some(job) = state.jobs.get(&claim.id.0) else {
-            return Ok(FinalizeOutcome::Stale);
+            return Ok(Heartbeat::Lost);
         };
         if job.queue != self.queue.as_str()
             || job.status != JobStatus::InFlight
             || job.claim_generation != claim.generation
         {
-            return Ok(FinalizeOutcome::Stale);
+            return Ok(Heartbeat::Lost);
         }
         let mut row = job.clone();
         row.claimed_at = Some(now);
         row.lease_expires_at = Some(now + to_delta(lease.duration()));
         row.updated_at = now;
+        let requested = row.cancel_requested_at.is_some();
         state.put(claim.id.0, Some(row));
-        Ok(FinalizeOutcome::Applied)
+        Ok(if requested {
+            Heartbeat::CancelRequested
+        } else {
+            Heartbeat::Held
+        })
     }
 
-    async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
-        let now = self.now();
-        let mut state = self.store.state.lock().await;
-        let Some(job) = state
-            .jobs
-            .get(&id.0)
-            .filter(|j| j.queue == self.queue.as_str())
-        else {
-            return Ok(CancelOutcome::NotFound);
+    async fn cancel_in(&self, tx: &mut MemoryTx, id: JobId) -> Result<CancelTarget> {
+        let now = tx.now;
+        let queue = self.queue.as_str();
+        let state = tx.state();
+        let Some(job) = state.jobs.get(&id.0).filter(|j| j.queue == queue) else {
+            return Ok(CancelTarget::NotFound);
         };
-        match job.status {
+        let mut row = job.clone();
+        let target = match row.status {
             JobStatus::Pending => {
-                let mut row = job.clone();
                 row.status = JobStatus::Cancelled;
-                row.updated_at = now;
+                row.last_error = Some(CANCELLED_BY_OPERATOR.to_owned());
                 row.finished_at = Some(now);
-                state.put(id.0, Some(row));
-                Ok(CancelOutcome::Cancelled)
+                CancelTarget::Cancelled(row.as_claimed())
             }
-            JobStatus::InFlight => Ok(CancelOutcome::InFlight),
-            terminal => Ok(CancelOutcome::AlreadyTerminal(terminal)),
-        }
+            JobStatus::InFlight => {
+                row.cancel_requested_at.get_or_insert(now);
+                CancelTarget::Requested
+            }
+            terminal => return Ok(CancelTarget::AlreadyTerminal(terminal)),
+        };
+        row.updated_at = now;
+        let previous = state.put(id.0, Some(row));
+        tx.undo.push((id.0, previous));
+        Ok(target)
     }
 
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {

@@ -11,8 +11,8 @@ use tracing::instrument::WithSubscriber;
 
 use crate::events::capture::Captured;
 use crate::{
-    Backend, ClaimRequest, Finalize, FinalizeOutcome, Handler, Hooks, JobContext, JobError,
-    JobStatus, Lease, MemoryBackend, NewJob, RetryPolicy, Worker, WorkerConfig,
+    Backend, ClaimRequest, Finalize, FinalizeOutcome, Handler, Heartbeat, Hooks, JobContext,
+    JobError, JobStatus, Lease, MemoryBackend, NewJob, RetryPolicy, Worker, WorkerConfig,
     finalize_with_hooks,
 };
 
@@ -153,7 +153,7 @@ async fn heartbeat_keeps_a_long_job_past_its_lease() {
                 .extend_lease(job.claim(), Lease::DEFAULT)
                 .await
                 .unwrap()
-                .is_applied()
+                == Heartbeat::Held
         );
         assert!(
             queue

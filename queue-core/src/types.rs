@@ -303,6 +303,9 @@ pub struct ClaimedJob {
     /// its worker. It must not run again: its holder ends it with [`Finalize::Dead`] (the worker
     /// runtime does), so that the move to `dead` is fenced and runs the finalize hooks.
     pub over_reclaim_cap: bool,
+    /// An operator asked to cancel the job while an earlier holder had it: it must not run.
+    /// Its holder ends it with [`Finalize::Cancel`] (the worker runtime does).
+    pub cancel_requested: bool,
     /// When this claim was stamped, by the backend's clock.
     pub claimed_at: DateTime<Utc>,
     /// The job's priority.
@@ -387,6 +390,53 @@ impl Finalize {
     }
 }
 
+/// What a heartbeat ([`crate::Backend::extend_lease`]) found.
+#[must_use = "a heartbeat that finds the lease lost means the handler must stop"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Heartbeat {
+    /// The job is still held under this claim; its lease runs anew.
+    Held,
+    /// Still held, and an operator asked to cancel it: stop, and end it with
+    /// [`Finalize::Cancel`].
+    CancelRequested,
+    /// Another claim holds the job, or it left `in_flight`: the lease is lost (a fenced write
+    /// refused, like [`FinalizeOutcome::Stale`]).
+    Lost,
+}
+
+/// What an administrative cancel found, inside the transaction that made it
+/// ([`crate::Backend::cancel_in`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelTarget {
+    /// The job was pending and is now cancelled in the transaction: the job as it stands, for
+    /// the finalize hooks.
+    Cancelled(ClaimedJob),
+    /// The job is in flight: the cancel was requested of its holder.
+    Requested,
+    /// The job has already ended.
+    AlreadyTerminal(JobStatus),
+    /// No such job in this queue.
+    NotFound,
+}
+
+impl CancelTarget {
+    /// What the cancel did, as its caller is told.
+    pub fn outcome(&self) -> CancelOutcome {
+        match self {
+            CancelTarget::Cancelled(_) => CancelOutcome::Cancelled,
+            CancelTarget::Requested => CancelOutcome::Requested,
+            CancelTarget::AlreadyTerminal(status) => CancelOutcome::AlreadyTerminal(*status),
+            CancelTarget::NotFound => CancelOutcome::NotFound,
+        }
+    }
+}
+
+/// The reason written when an operator cancels a pending job.
+pub const CANCELLED_BY_OPERATOR: &str = "cancelled by an operator";
+
+/// The reason written when the holder of a job ends it on an operator's request.
+pub const CANCEL_REQUESTED_MESSAGE: &str = "cancelled by an operator while in flight";
+
 /// What a fenced write did.
 ///
 /// `Stale` is not an error: it means another worker holds the job now (the lease expired and the
@@ -420,10 +470,13 @@ impl FinalizeOutcome {
 /// What an administrative cancel did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CancelOutcome {
-    /// The job was pending and is now cancelled.
+    /// The job was pending and is now cancelled (its hooks ran, when the cancel had hooks).
     Cancelled,
-    /// The job is in flight: only its lease holder can end it (with [`Finalize::Cancel`]).
-    InFlight,
+    /// The job is in flight: its holder was asked to cancel it. The holder learns it at its
+    /// next heartbeat, or before it would give the job back; a worker that takes the job over
+    /// does not run it. Either ends it `cancelled` with a fenced write and the hooks, unless the
+    /// holder completes or fails it first.
+    Requested,
     /// The job has already ended.
     AlreadyTerminal(JobStatus),
     /// No such job in this queue.
@@ -456,6 +509,8 @@ pub struct JobRecord {
     /// heartbeat from the holder's own lease. `None` when not in flight, or for a claim made
     /// before leases were stored (its claimer's lease then counts from `claimed_at`).
     pub lease_expires_at: Option<DateTime<Utc>>,
+    /// When an operator asked to cancel the job while it was in flight, if one did.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
     /// The fence token of the current (or last) claim; 0 if never claimed.
     pub claim_generation: ClaimGeneration,
     /// The last handler error, fail reason or cancel reason.
@@ -468,6 +523,25 @@ pub struct JobRecord {
     pub updated_at: DateTime<Utc>,
     /// When it reached a terminal state.
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl JobRecord {
+    /// The job as finalize hooks see it when no claim ran it (an operator's cancel): its
+    /// current generation, its payload, no takeover.
+    pub fn as_claimed(&self) -> ClaimedJob {
+        ClaimedJob {
+            id: self.id,
+            generation: self.claim_generation,
+            attempts: self.attempts,
+            reclaims: self.reclaims,
+            taken_over: false,
+            over_reclaim_cap: false,
+            cancel_requested: false,
+            claimed_at: self.claimed_at.unwrap_or(self.created_at),
+            priority: self.priority,
+            payload: self.payload.clone(),
+        }
+    }
 }
 
 /// How many jobs a queue holds in each state.
@@ -604,6 +678,7 @@ mod tests {
             reclaims: 2,
             taken_over: false,
             over_reclaim_cap: false,
+            cancel_requested: false,
             claimed_at: Utc::now(),
             priority: 0,
             payload: Value::Null,

@@ -545,7 +545,7 @@ fn the_committed_lease_migration_is_what_the_framework_generates() {
     // The first upgrade (0004) and the framework's later table migration (0006), as committed.
     let committed = [
         include_str!("../../migrations/20260101000004_send_jobs_claim_lease.sql"),
-        include_str!("../../migrations/20260101000006_send_jobs_lease_expires_at.sql"),
+        include_str!("../../migrations/20260101000006_send_jobs_lease_and_cancel_request.sql"),
     ]
     .map(generated_part)
     .join("\n");

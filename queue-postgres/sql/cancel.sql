@@ -1,14 +1,24 @@
--- Administrative cancel of a pending job, and what the job's status was otherwise, in one
--- statement.
+-- An operator's cancel: a pending job is cancelled, a job in flight gets a cancel request for
+-- its holder (who alone ends it), and the status the statement saw comes back.
 --
--- Parameters: $1 id; $2 queue.
--- Returns at most one row: cancelled true, or cancelled false with the status the statement's
--- snapshot saw (no row: no such job in this queue). A job seen pending but not cancelled was
--- claimed or released meanwhile: the caller asks again.
+-- Parameters: $1 id; $2 queue; $3 the reason written on a pending job.
+-- Returns at most one row (no row: no such job in this queue): whether the job was cancelled,
+-- whether its cancel was requested, and its status in the statement's snapshot. A job seen
+-- pending or in flight but neither cancelled nor requested changed meanwhile: ask again.
 WITH cancelled AS (
-    UPDATE "{{table}}" SET status = 'cancelled', updated_at = now(), finished_at = now()
+    UPDATE "{{table}}"
+    SET status = 'cancelled', last_error = $3, updated_at = now(), finished_at = now(),
+        lease_expires_at = NULL
     WHERE id = $1 AND queue = $2 AND status = 'pending'
     RETURNING id
+),
+requested AS (
+    UPDATE "{{table}}"
+    SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
+    WHERE id = $1 AND queue = $2 AND status = 'in_flight'
+    RETURNING id
 )
-SELECT EXISTS (SELECT 1 FROM cancelled) AS cancelled, status
+SELECT EXISTS (SELECT 1 FROM cancelled) AS cancelled,
+       EXISTS (SELECT 1 FROM requested) AS requested,
+       status
 FROM "{{table}}" WHERE id = $1 AND queue = $2

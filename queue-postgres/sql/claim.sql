@@ -11,7 +11,9 @@
 -- attempts + 1, claimed_at = now(), lease_expires_at = now() + $3 and claim_generation + 1 (the
 -- fence token); a takeover also
 -- counts a reclaim, and one past the reclaim cap comes back flagged over_reclaim_cap (its holder
--- ends it dead through finalize.sql, with the hooks). Rows come back in claim order.
+-- ends it dead through finalize.sql, with the hooks); a job whose cancel an operator requested
+-- comes back flagged cancel_requested (its holder ends it cancelled). Rows come back in claim
+-- order.
 WITH due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
     FROM "{{table}}"
@@ -50,9 +52,10 @@ claimed AS (
     WHERE j.id = p.id
     RETURNING j.id, j.claim_generation, j.attempts, j.reclaims, j.claimed_at, j.priority,
               j.payload, j.next_attempt_at, p.expired AS taken_over,
-              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap
+              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,
+              j.cancel_requested_at IS NOT NULL AS cancel_requested
 )
 SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, taken_over,
-       over_reclaim_cap
+       over_reclaim_cap, cancel_requested
 FROM claimed
 ORDER BY next_attempt_at, priority, id

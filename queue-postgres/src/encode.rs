@@ -3,11 +3,11 @@
 //! [`queue_core::Finalize`]; `finalize.sql` only applies it.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use queue_core::limits::{storable_run_at, storable_text};
-use queue_core::{Claim, Enqueued, Finalize, FinalizeOutcome, JobId, JobStatus, NewJob, RunAt};
+use queue_core::{Claim, Finalize, FinalizeOutcome, JobStatus, NewJob, RunAt};
 use serde_json::Value;
 
 use crate::error::PgError;
@@ -35,57 +35,6 @@ impl EnqueueColumns {
         }
         columns
     }
-}
-
-/// The rows of `enqueue.sql` turned into results: duplicates of a key inserted earlier in the
-/// same batch get that job's id; the keys returned still need a lookup (`lookup_unique.sql`)
-/// and [`resolve_duplicates`].
-pub(crate) fn enqueued_from_rows(
-    rows: impl IntoIterator<Item = (i64, bool, Option<String>)>,
-) -> (Vec<Enqueued>, Vec<(usize, String)>) {
-    let mut out = Vec::new();
-    let mut first_by_key: HashMap<String, JobId> = HashMap::new();
-    let mut unresolved = Vec::new();
-    for (index, (id, inserted, key)) in rows.into_iter().enumerate() {
-        let id = JobId(id);
-        if inserted {
-            if let Some(key) = key {
-                first_by_key.entry(key).or_insert(id);
-            }
-            out.push(Enqueued {
-                id,
-                duplicate: false,
-            });
-        } else {
-            // Only a unique-key conflict skips an insert, so a skipped row has a key.
-            let key = key.unwrap_or_default();
-            let id = first_by_key.get(&key).copied().unwrap_or(id);
-            out.push(Enqueued {
-                id,
-                duplicate: true,
-            });
-            if !first_by_key.contains_key(&key) {
-                unresolved.push((index, key));
-            }
-        }
-    }
-    (out, unresolved)
-}
-
-/// Points the unresolved duplicates at the jobs that hold their keys.
-pub(crate) fn resolve_duplicates(
-    out: &mut [Enqueued],
-    unresolved: Vec<(usize, String)>,
-    holders: HashMap<String, i64>,
-) -> Result<(), PgError> {
-    for (index, key) in unresolved {
-        let id = holders
-            .get(&key)
-            .copied()
-            .ok_or(PgError::UniqueKeyHolderMissing { key })?;
-        out[index].id = JobId(id);
-    }
-    Ok(())
 }
 
 /// The array parameters of `finalize.sql`, one element per write.
@@ -169,37 +118,7 @@ pub(crate) fn parse_status(id: i64, status: String) -> Result<JobStatus, PgError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use queue_core::ClaimGeneration;
-
-    #[test]
-    fn duplicates_within_a_batch_point_at_the_first_holder() {
-        let rows = vec![
-            (10, true, Some("a".to_owned())),
-            (11, false, Some("a".to_owned())),
-            (12, false, Some("b".to_owned())),
-            (13, true, None),
-        ];
-        let (mut out, unresolved) = enqueued_from_rows(rows);
-        assert_eq!(
-            out[1],
-            Enqueued {
-                id: JobId(10),
-                duplicate: true
-            }
-        );
-        assert_eq!(unresolved, vec![(2, "b".to_owned())]);
-        resolve_duplicates(&mut out, unresolved, HashMap::from([("b".to_owned(), 7)])).unwrap();
-        assert_eq!(
-            out[2],
-            Enqueued {
-                id: JobId(7),
-                duplicate: true
-            }
-        );
-        assert!(!out[3].duplicate);
-        let gone = resolve_duplicates(&mut out, vec![(0, "z".into())], HashMap::new());
-        assert!(matches!(gone, Err(PgError::UniqueKeyHolderMissing { .. })));
-    }
+    use queue_core::{ClaimGeneration, JobId};
 
     #[test]
     fn each_outcome_writes_its_status_and_only_what_it_owns() {

@@ -38,14 +38,6 @@ pub enum PgError {
         status: String,
     },
 
-    /// An enqueue's unique key conflicted, but the job holding the key could not be read back
-    /// (deleted in between, or invisible to the caller's snapshot). Nothing was inserted.
-    #[error("unique key {key:?} conflicted but the job holding it could not be found")]
-    UniqueKeyHolderMissing {
-        /// The key.
-        key: String,
-    },
-
     /// A statement template kept a `{{token}}` that nothing filled in: a defect of the
     /// framework's own SQL, refused before anything reached the server.
     #[error("statement template {template} has an unfilled token {token}")]

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{
-    Backend, BackendTx, CancelOutcome, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
-    FinalizeOutcome, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
+    Backend, BackendTx, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
+    FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
 };
 use tokio::sync::Notify;
 
@@ -102,8 +102,8 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// Enqueues `jobs` on `conn`: any connection or transaction of the caller, so the jobs
-    /// commit with the caller's own writes. One statement, whatever the number of jobs (two
-    /// when unique keys were already taken).
+    /// commit with the caller's own writes. One statement, whatever the number of jobs: all
+    /// of them or none, and each result exact (a unique key already held reports its holder).
     pub async fn enqueue_with(
         &self,
         conn: D::Conn<'_>,
@@ -238,21 +238,30 @@ impl<D: Driver> PostgresQueue<D> {
         self.finalize_with(D::pooled(&mut conn), items).await
     }
 
-    async fn cancel_pending(&self, id: JobId) -> Result<CancelOutcome, PgError> {
+    async fn cancel_target(
+        &self,
+        tx: &mut PostgresTx<D>,
+        id: JobId,
+    ) -> Result<CancelTarget, PgError> {
         let inner = &self.inner;
-        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
         loop {
-            let seen =
-                statement::cancel::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, id)
-                    .await?;
+            let seen = statement::cancel::<D>(tx.conn(), &inner.sql, queue, id).await?;
             return Ok(match seen {
-                None => CancelOutcome::NotFound,
-                Some((true, _)) => CancelOutcome::Cancelled,
-                Some((false, JobStatus::InFlight)) => CancelOutcome::InFlight,
-                // Claimed or released between the statement's snapshot and its update: ask
-                // again.
-                Some((false, JobStatus::Pending)) => continue,
-                Some((false, terminal)) => CancelOutcome::AlreadyTerminal(terminal),
+                None => CancelTarget::NotFound,
+                Some((true, _, _)) => {
+                    let row = statement::get_job::<D>(tx.conn(), &inner.sql, queue, id).await?;
+                    let row = row.ok_or(PgError::UnknownStatus {
+                        id: id.0,
+                        status: "vanished within its own cancel".to_owned(),
+                    })?;
+                    CancelTarget::Cancelled(row.as_claimed())
+                }
+                Some((false, true, _)) => CancelTarget::Requested,
+                // Claimed, released or requested between the statement's snapshot and its
+                // updates: ask again.
+                Some((false, false, JobStatus::Pending | JobStatus::InFlight)) => continue,
+                Some((false, false, terminal)) => CancelTarget::AlreadyTerminal(terminal),
             });
         }
     }
@@ -323,18 +332,18 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         Ok(self.finalize_pooled(items).await?)
     }
 
-    async fn extend_lease(
-        &self,
-        claim: Claim,
-        lease: Lease,
-    ) -> queue_core::Result<FinalizeOutcome> {
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> queue_core::Result<Heartbeat> {
         let mut conn = D::acquire(&self.inner.pool).await?;
         let sql = &self.inner.sql;
         Ok(statement::extend_lease::<D>(D::pooled(&mut conn), sql, claim, lease).await?)
     }
 
-    async fn cancel(&self, id: JobId) -> queue_core::Result<CancelOutcome> {
-        Ok(self.cancel_pending(id).await?)
+    async fn cancel_in(
+        &self,
+        tx: &mut PostgresTx<D>,
+        id: JobId,
+    ) -> queue_core::Result<CancelTarget> {
+        Ok(self.cancel_target(tx, id).await?)
     }
 
     async fn get(&self, id: JobId) -> queue_core::Result<Option<JobRecord>> {

@@ -211,10 +211,11 @@ mod tests {
     fn the_upgrade_ends_with_every_later_table_migration() {
         let table = TableName::new("invoice_jobs").unwrap();
         let ddl = upgrade_legacy_sql(&table, &QueueName::default(), None).unwrap();
-        let expiry = table_migration_sql(&table, 20261201000001).unwrap();
-        assert!(ddl.ends_with(&expiry), "{ddl}");
-        assert!(expiry.contains("ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz"));
-        assert!(expiry.contains("\"invoice_jobs_expiry_idx\""));
+        let later = table_migration_sql(&table, 20261201000001).unwrap();
+        assert!(ddl.ends_with(&later), "{ddl}");
+        assert!(later.contains("ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz"));
+        assert!(later.contains("ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz"));
+        assert!(later.contains("\"invoice_jobs_expiry_idx\""));
         assert!(matches!(
             table_migration_sql(&table, 1),
             Err(PgError::UnknownMigration { version: 1 })

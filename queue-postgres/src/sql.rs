@@ -25,7 +25,6 @@ macro_rules! template {
 }
 
 pub(crate) const ENQUEUE: Template = template!("enqueue.sql");
-pub(crate) const LOOKUP_UNIQUE: Template = template!("lookup_unique.sql");
 pub(crate) const NOTIFY: Template = template!("notify.sql");
 pub(crate) const CLAIM: Template = template!("claim.sql");
 pub(crate) const FINALIZE: Template = template!("finalize.sql");
@@ -54,10 +53,10 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 2] = [
     ),
     (
         20261201000001,
-        "lease expires at",
+        "lease and cancel request",
         Template {
-            name: "20261201000001_lease_expires_at.sql",
-            text: include_str!("../migrations/20261201000001_lease_expires_at.sql"),
+            name: "20261201000001_lease_and_cancel_request.sql",
+            text: include_str!("../migrations/20261201000001_lease_and_cancel_request.sql"),
         },
     ),
 ];
@@ -74,6 +73,7 @@ pub(crate) mod col {
     pub(crate) const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
     pub(crate) const CLAIMED_AT: &str = "claimed_at";
     pub(crate) const LEASE_EXPIRES_AT: &str = "lease_expires_at";
+    pub(crate) const CANCEL_REQUESTED_AT: &str = "cancel_requested_at";
     pub(crate) const CLAIM_GENERATION: &str = "claim_generation";
     pub(crate) const LAST_ERROR: &str = "last_error";
     pub(crate) const UNIQUE_KEY: &str = "unique_key";
@@ -85,7 +85,7 @@ pub(crate) mod col {
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 16] = [
+pub(crate) const COLUMNS: [(&str, &str); 17] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -96,6 +96,7 @@ pub(crate) const COLUMNS: [(&str, &str); 16] = [
     (col::NEXT_ATTEMPT_AT, "timestamp with time zone"),
     (col::CLAIMED_AT, "timestamp with time zone"),
     (col::LEASE_EXPIRES_AT, "timestamp with time zone"),
+    (col::CANCEL_REQUESTED_AT, "timestamp with time zone"),
     (col::CLAIM_GENERATION, "bigint"),
     (col::LAST_ERROR, "text"),
     (col::UNIQUE_KEY, "text"),
@@ -136,7 +137,6 @@ pub(crate) fn for_table(template: Template, table: &TableName) -> Result<String,
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     pub(crate) enqueue: Arc<str>,
-    pub(crate) lookup_unique: Arc<str>,
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) finalize: Arc<str>,
@@ -152,7 +152,6 @@ impl Sql {
         let r = |template| for_table(template, table).map(Arc::from);
         Ok(Sql {
             enqueue: r(ENQUEUE)?,
-            lookup_unique: r(LOOKUP_UNIQUE)?,
             notify: r(NOTIFY)?,
             claim: r(CLAIM)?,
             finalize: r(FINALIZE)?,

@@ -2,12 +2,11 @@
 //! [`Driver`] and any connection (pooled, a transaction, or the caller's own). The SQL is in
 //! `sql/`; what the rows mean is here, once.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use queue_core::{
-    Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize, FinalizeOutcome, JobId,
-    JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
+    CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize,
+    FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
 };
 
 use crate::driver::{Column, Driver};
@@ -25,9 +24,9 @@ pub(crate) struct EnqueueTarget<'a> {
     pub(crate) channel: Option<&'a str>,
 }
 
-/// `enqueue.sql`, then `lookup_unique.sql` for keys that were already taken.
+/// `enqueue.sql`: all the jobs or none, one result per job in input order.
 pub(crate) async fn enqueue<D: Driver>(
-    mut conn: D::Conn<'_>,
+    conn: D::Conn<'_>,
     sql: &Sql,
     target: &EnqueueTarget<'_>,
     jobs: Vec<NewJob>,
@@ -43,29 +42,16 @@ pub(crate) async fn enqueue<D: Driver>(
         &c.keys,
         target.channel,
     );
-    let rows = D::query(D::reborrow(&mut conn), &sql.enqueue, &params).await?;
-    let rows = rows
+    D::query(conn, &sql.enqueue, &params)
+        .await?
         .iter()
         .map(|row| {
-            Ok((
-                get::<D, _>(row, "id")?,
-                get::<D, _>(row, "inserted")?,
-                get::<D, _>(row, "unique_key")?,
-            ))
+            Ok(Enqueued {
+                id: JobId(get::<D, i64>(row, "id")?),
+                duplicate: !get::<D, bool>(row, "inserted")?,
+            })
         })
-        .collect::<Result<Vec<_>, PgError>>()?;
-    let (mut out, unresolved) = encode::enqueued_from_rows(rows);
-    if !unresolved.is_empty() {
-        let keys: Vec<&str> = unresolved.iter().map(|(_, key)| key.as_str()).collect();
-        let params = (target.queue.as_str(), &keys);
-        let holders = D::query(conn, &sql.lookup_unique, &params)
-            .await?
-            .iter()
-            .map(|row| Ok((get::<D, _>(row, "unique_key")?, get::<D, _>(row, "id")?)))
-            .collect::<Result<HashMap<String, i64>, PgError>>()?;
-        encode::resolve_duplicates(&mut out, unresolved, holders)?;
-    }
-    Ok(out)
+        .collect()
 }
 
 /// `claim.sql`.
@@ -125,25 +111,31 @@ pub(crate) async fn extend_lease<D: Driver>(
     sql: &Sql,
     claim: Claim,
     lease: Lease,
-) -> Result<FinalizeOutcome, PgError> {
+) -> Result<Heartbeat, PgError> {
     let params = (claim.id.0, claim.generation.0, lease.as_secs_f64());
-    let rows = D::execute(conn, &sql.extend_lease, &params).await?;
-    Ok(FinalizeOutcome::from_rows_affected(rows))
+    let rows = D::query(conn, &sql.extend_lease, &params).await?;
+    Ok(match rows.first() {
+        None => Heartbeat::Lost,
+        Some(row) if get::<D, bool>(row, "cancel_requested")? => Heartbeat::CancelRequested,
+        Some(_) => Heartbeat::Held,
+    })
 }
 
-/// `cancel.sql`: `None` when there is no such job; otherwise whether it was cancelled, and the
-/// status the statement saw.
+/// What `cancel.sql` did: `None` when there is no such job; otherwise whether it cancelled the
+/// job, whether it requested its cancel, and the status the statement saw.
 pub(crate) async fn cancel<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     id: JobId,
-) -> Result<Option<(bool, JobStatus)>, PgError> {
-    let rows = D::query(conn, &sql.cancel, &(id.0, queue.as_str())).await?;
+) -> Result<Option<(bool, bool, JobStatus)>, PgError> {
+    let params = (id.0, queue.as_str(), CANCELLED_BY_OPERATOR);
+    let rows = D::query(conn, &sql.cancel, &params).await?;
     rows.first()
         .map(|row| {
             let status = parse_status(id.0, get::<D, String>(row, "status")?)?;
-            Ok((get::<D, bool>(row, "cancelled")?, status))
+            let cancelled = get::<D, bool>(row, "cancelled")?;
+            Ok((cancelled, get::<D, bool>(row, "requested")?, status))
         })
         .transpose()
 }
@@ -253,6 +245,7 @@ fn claimed_job<D: Driver>(row: &D::Row) -> Result<ClaimedJob, PgError> {
         reclaims: get::<D, _>(row, "reclaims")?,
         taken_over: get::<D, _>(row, "taken_over")?,
         over_reclaim_cap: get::<D, _>(row, "over_reclaim_cap")?,
+        cancel_requested: get::<D, _>(row, "cancel_requested")?,
         claimed_at: get::<D, _>(row, "claimed_at")?,
         priority: get::<D, _>(row, "priority")?,
         payload: get::<D, _>(row, "payload")?,
@@ -273,6 +266,7 @@ fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
         next_attempt_at: get::<D, _>(row, col::NEXT_ATTEMPT_AT)?,
         claimed_at: get::<D, _>(row, col::CLAIMED_AT)?,
         lease_expires_at: get::<D, _>(row, col::LEASE_EXPIRES_AT)?,
+        cancel_requested_at: get::<D, _>(row, col::CANCEL_REQUESTED_AT)?,
         claim_generation: ClaimGeneration(get::<D, _>(row, col::CLAIM_GENERATION)?),
         last_error: get::<D, _>(row, col::LAST_ERROR)?,
         unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,

@@ -34,6 +34,7 @@ per_driver!(
     a_worker_without_listen_finds_work_by_polling,
     a_refused_outcome_costs_only_its_own_job,
     a_claim_from_before_stored_leases_keeps_its_claimers_lease,
+    an_enqueue_that_fails_inserts_nothing,
 );
 
 /// The server process of a transaction's connection.
@@ -844,4 +845,78 @@ async fn a_claim_from_before_stored_leases_keeps_its_claimers_lease<D: TestDrive
         "the new claim stores its lease"
     );
     db.drop_db().await;
+}
+
+/// An enqueue is one statement: when it fails (here a role that may insert but not update or
+/// read unique keys hits a key already held), none of its jobs is inserted, not even those
+/// without a key, so a caller that retries does not duplicate them.
+async fn an_enqueue_that_fails_inserts_nothing<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let admin = support::connect_default::<D>(&db).await;
+    admin
+        .enqueue(NewJob::from_value(json!({})).unique_key("held"))
+        .await
+        .unwrap();
+    let role = format!("{}_inserter", db.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"CREATE ROLE "{role}" LOGIN;
+           GRANT INSERT, SELECT (id) ON queue_jobs TO "{role}";
+           GRANT USAGE ON SEQUENCE queue_jobs_id_seq TO "{role}";
+           GRANT SELECT ON queue_jobs TO "{role}";
+           REVOKE SELECT ON queue_jobs FROM "{role}";
+           GRANT SELECT (id, queue, status) ON queue_jobs TO "{role}";"#
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let url = format!("postgres://{role}@127.0.0.1:{}/{}", server_port(), db.name);
+    let config = PgQueueConfig {
+        listen: false,
+        ..PgQueueConfig::default()
+    };
+    let queue = D::connect(&url, D::pool(&url, 2), config).await;
+    // The schema check reads the catalog, which the role may: it connects.
+    let queue = queue.expect("the restricted role connects");
+    let jobs = vec![
+        NewJob::from_value(json!({ "n": 1 })),
+        NewJob::from_value(json!({ "n": 2 })).unique_key("held"),
+    ];
+    let err = queue
+        .enqueue_many(jobs)
+        .await
+        .expect_err("the role cannot resolve the held key");
+    assert!(!err.is_transient(), "{err}");
+    drop(queue);
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 1, "a failed enqueue inserted some of its jobs");
+    db.drop_db().await;
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"DROP ROLE IF EXISTS "{role}""#
+    )))
+    .execute(&admin_pool().await)
+    .await;
+}
+
+/// The port of the test server (from `QUEUE_TEST_PG_URL`).
+fn server_port() -> u16 {
+    let url = queue_postgres::testing::server_url();
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(5432)
+}
+
+/// A connection pool on the server's `postgres` database, for cluster-wide cleanup.
+async fn admin_pool() -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!(
+            "{}/postgres",
+            queue_postgres::testing::server_url()
+        ))
+        .await
+        .unwrap()
 }

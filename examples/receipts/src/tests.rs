@@ -115,7 +115,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
     };
     let committed = [
         include_str!("../migrations/20260301000002_receipt_jobs.sql"),
-        include_str!("../migrations/20260301000003_receipt_jobs_lease_expires_at.sql"),
+        include_str!("../migrations/20260301000003_receipt_jobs_lease_and_cancel_request.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();

@@ -12,8 +12,8 @@ use serde_json::json;
 use crate::error::{Error, InvalidInput};
 use crate::limits;
 use crate::types::{
-    CancelOutcome, Claim, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, JobId, JobStatus,
-    NewJob, RunAt,
+    CancelOutcome, Claim, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, Heartbeat, JobId,
+    JobStatus, NewJob, RunAt,
 };
 
 cases! {
@@ -190,8 +190,9 @@ cases! {
         assert!(b.finalize_many(&[]).await.unwrap().is_empty());
     }
 
-    /// Administrative cancel ends pending jobs only; a lease holder cancels with a fenced write.
-    pub async fn cancel_only_touches_pending_jobs<H: Harness>(h: Arc<H>) {
+    /// Administrative cancel ends a pending job at once; for a job in flight it asks the holder,
+    /// who alone writes the end (fenced).
+    pub async fn cancel_ends_pending_jobs_and_asks_the_holder_of_the_rest<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let pending = enqueue(b, 1).await;
         assert_eq!(b.cancel(pending).await.unwrap(), CancelOutcome::Cancelled);
@@ -202,7 +203,17 @@ cases! {
         let running = enqueue(b, 2).await;
         let job = claim(b, 5).await.jobs.remove(0);
         assert_eq!(job.id, running, "a cancelled job was claimed");
-        assert_eq!(b.cancel(running).await.unwrap(), CancelOutcome::InFlight);
+        assert_eq!(b.cancel(running).await.unwrap(), CancelOutcome::Requested);
+        assert_eq!(
+            record(b, running).await.status,
+            JobStatus::InFlight,
+            "a cancel raced the holder"
+        );
+        assert_eq!(
+            b.extend_lease(job.claim(), lease()).await.unwrap(),
+            Heartbeat::CancelRequested,
+            "the holder learns the request at its heartbeat"
+        );
         assert_eq!(
             b.cancel(JobId(i64::MAX)).await.unwrap(),
             CancelOutcome::NotFound
@@ -282,5 +293,21 @@ cases! {
         );
         assert_eq!(record(b, a.id).await.status, JobStatus::InFlight);
         assert_eq!(record(b, other.id).await.status, JobStatus::InFlight);
+    }
+
+    /// A job whose cancel was requested while a holder had it is not run by the worker that
+    /// takes it over: the claim says so.
+    pub async fn a_takeover_sees_the_cancel_requested_of_the_last_holder<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let first = claim(b, 1).await.jobs.remove(0);
+        assert!(!first.cancel_requested);
+        assert_eq!(b.cancel(id).await.unwrap(), CancelOutcome::Requested);
+        assert!(record(b, id).await.cancel_requested_at.is_some());
+        h.advance_clock(lease().duration() + Duration::from_secs(1))
+            .await;
+        let taken = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(taken.id, id);
+        assert!(taken.cancel_requested, "the takeover does not know of the cancel");
     }
 }

@@ -7,8 +7,10 @@ use serde_json::{Value, json};
 use super::{Harness, claim, claim_then_take_over, enqueue, record};
 use crate::backend::Backend;
 use crate::error::{BoxError, Error};
-use crate::hooks::{FinalizeEvent, FinalizeHook, Hooks, finalize_with_hooks};
-use crate::types::{Finalize, FinalizeOutcome, JobId, JobStatus, NewJob};
+use crate::hooks::{FinalizeEvent, FinalizeHook, Hooks, cancel_with_hooks, finalize_with_hooks};
+use crate::types::{
+    CANCELLED_BY_OPERATOR, CancelOutcome, Finalize, FinalizeOutcome, JobId, JobStatus, NewJob,
+};
 
 /// Records `(job, action kind)` of every applied finalize it sees.
 #[derive(Clone, Default)]
@@ -136,5 +138,28 @@ cases! {
             .unwrap();
         assert_eq!(outcome, FinalizeOutcome::Applied);
         assert_eq!(b.counts().await.unwrap().total(), 2);
+    }
+
+    /// An operator's cancel of a pending job runs the finalize hooks in its transaction (so
+    /// domain state follows the job), and a hook error rolls the cancel back.
+    pub async fn cancel_with_hooks_runs_them_for_a_pending_job<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let refusing = Hooks::<_, Value>::new().with(Refuse);
+        let err = cancel_with_hooks(b, &refusing, id).await.unwrap_err();
+        assert!(matches!(&err, Error::Hook { hook, .. } if hook == "refuse"), "{err}");
+        assert_eq!(record(b, id).await.status, JobStatus::Pending, "a failed cancel stuck");
+        let recorder = Recorder::default();
+        let hooks = Hooks::<_, Value>::new().with(recorder.clone());
+        let outcome = cancel_with_hooks(b, &hooks, id).await.unwrap();
+        assert_eq!(outcome, CancelOutcome::Cancelled);
+        assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "cancel")]);
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Cancelled);
+        assert_eq!(rec.last_error.as_deref(), Some(CANCELLED_BY_OPERATOR));
+        assert!(rec.finished_at.is_some());
+        let again = cancel_with_hooks(b, &hooks, id).await.unwrap();
+        assert_eq!(again, CancelOutcome::AlreadyTerminal(JobStatus::Cancelled));
+        assert_eq!(recorder.0.lock().unwrap().len(), 1, "hooks ran for a job already ended");
     }
 }

@@ -10,8 +10,7 @@ use serde_json::json;
 use super::{Harness, claim, enqueue, lease, record, req};
 use crate::backend::Backend;
 use crate::types::{
-    ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
-    RunAt,
+    ClaimGeneration, ClaimRequest, Finalize, Heartbeat, JobId, JobStatus, Lease, NewJob, RunAt,
 };
 
 async fn race_claims<B: Backend>(
@@ -175,7 +174,7 @@ cases! {
         h.advance_clock(Duration::from_secs(60)).await;
         assert_eq!(
             b.extend_lease(job.claim(), lease()).await.unwrap(),
-            FinalizeOutcome::Applied
+            Heartbeat::Held
         );
         h.advance_clock(Duration::from_secs(60)).await;
         // 120 s since the claim, 60 s since the heartbeat: still held.
@@ -188,11 +187,11 @@ cases! {
         assert_eq!(taken.id, id);
         assert_eq!(
             b.extend_lease(job.claim(), lease()).await.unwrap(),
-            FinalizeOutcome::Stale
+            Heartbeat::Lost
         );
         assert_eq!(
             b.extend_lease(taken.claim(), lease()).await.unwrap(),
-            FinalizeOutcome::Applied
+            Heartbeat::Held
         );
     }
 

@@ -11,10 +11,10 @@ use super::hooks::{Recorder, StageFollowUp};
 use super::{Harness, claim, enqueue, lease, record};
 use crate::backend::Backend;
 use crate::error::BoxError;
-use crate::handler::{Handler, JobContext, JobError};
+use crate::handler::{CancelReason, Handler, JobContext, JobError};
 use crate::hooks::{FinalizeEvent, FinalizeHook};
 use crate::retry::RetryPolicy;
-use crate::types::{JobId, JobStatus, Lease, NewJob};
+use crate::types::{CancelOutcome, JobId, JobStatus, Lease, NewJob};
 use crate::worker::{Worker, WorkerConfig};
 
 struct Gate {
@@ -87,6 +87,26 @@ impl Handler for NeverCalled {
     async fn handle(&self, _ctx: JobContext, _payload: Typed) -> Result<(), JobError> {
         *self.0.lock().unwrap() += 1;
         Ok(())
+    }
+}
+
+/// A long job that runs until its token fires, then reports why and gives up with a retryable
+/// error.
+struct StopsWhenCancelled {
+    started: Arc<Notify>,
+    reasons: Arc<Mutex<Vec<Option<CancelReason>>>>,
+}
+
+impl Handler for StopsWhenCancelled {
+    type Payload = Value;
+    async fn handle(&self, ctx: JobContext, _payload: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        ctx.cancellation().cancelled().await;
+        self.reasons.lock().unwrap().push(ctx.cancel_reason());
+        Err(JobError::retry("stopped"))
+    }
+    fn runs_long(&self) -> bool {
+        true
     }
 }
 
@@ -341,5 +361,40 @@ cases! {
         assert_eq!(rec.status, JobStatus::Dead);
         let error = rec.last_error.unwrap_or_default();
         assert!(error.contains("always_refuses"), "{error}");
+    }
+
+    /// An operator's cancel of a running long job reaches its handler at the next heartbeat
+    /// (its token fires, [`CancelReason::CancelRequested`]); the error it then returns ends the
+    /// job cancelled, with the hooks, instead of a retry.
+    pub async fn worker_carries_out_a_cancel_requested_while_running<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let started = Arc::new(Notify::new());
+        let handler = StopsWhenCancelled {
+            started: started.clone(),
+            reasons: reasons.clone(),
+        };
+        let config = WorkerConfig {
+            lease: Lease::from_secs(3).unwrap(),
+            job_timeout: Duration::from_secs(60),
+            ..quick_retries(3)
+        };
+        let recorder = Recorder::default();
+        let worker = Worker::new(b.clone(), handler, config)
+            .unwrap()
+            .hook(recorder.clone())
+            .start();
+        started.notified().await;
+        assert_eq!(b.cancel(id).await.unwrap(), CancelOutcome::Requested);
+        let stats = worker
+            .wait_for_timeout(Duration::from_secs(30), |s| s.cancelled == 1)
+            .await
+            .expect("the holder ends the job cancelled");
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.retried, 0);
+        assert_eq!(*reasons.lock().unwrap(), vec![Some(CancelReason::CancelRequested)]);
+        assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "cancel")]);
+        assert_eq!(record(b, id).await.status, JobStatus::Cancelled);
     }
 }

@@ -20,7 +20,9 @@ use crate::backoff::Backoff;
 use crate::error::Result;
 use crate::events;
 use crate::handler::{Cancel, Handler};
-use crate::types::{ClaimBatch, ClaimRequest, ClaimedJob, FinalizeOutcome};
+use crate::types::{
+    CANCEL_REQUESTED_MESSAGE, ClaimBatch, ClaimRequest, ClaimedJob, Finalize, Heartbeat,
+};
 
 /// The longest pause between two claims while they fail.
 const LONGEST_CLAIM_PAUSE: Duration = Duration::from_secs(30);
@@ -268,11 +270,23 @@ async fn still_held<B: Backend, H: Handler>(
     }
     let sent = Instant::now();
     match shared.backend.extend_lease(job.claim(), config.lease).await {
-        Ok(FinalizeOutcome::Applied) => {
+        Ok(Heartbeat::Held) => {
             clock.renewed(sent);
             true
         }
-        Ok(FinalizeOutcome::Stale) => {
+        Ok(Heartbeat::CancelRequested) => {
+            // Do not start it: end it as the operator asked, fenced and with the hooks.
+            events::cancel_requested(shared.backend.queue(), job.claim());
+            let cancel = Finalize::Cancel {
+                reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
+            };
+            shared
+                .finalizer
+                .finish_now(job, cancel, clock.expires())
+                .await;
+            false
+        }
+        Ok(Heartbeat::Lost) => {
             events::lease_lost(shared.backend.queue(), job.claim());
             shared.stats.send_modify(|s| s.stale += 1);
             false

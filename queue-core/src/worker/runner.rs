@@ -18,7 +18,9 @@ use crate::backend::Backend;
 use crate::events;
 use crate::handler::{Cancel, CancelReason, ErrorAction, Handler, JobContext, JobError};
 use crate::retry::RetryPolicy;
-use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, RECLAIM_CAP_MESSAGE, RunAt};
+use crate::types::{
+    CANCEL_REQUESTED_MESSAGE, Claim, ClaimedJob, Finalize, Heartbeat, RECLAIM_CAP_MESSAGE, RunAt,
+};
 
 /// The worker's own view of when a job's lease ends: from the instant the claim was sent, moved
 /// by every applied heartbeat (from the instant it was sent), so that it errs early.
@@ -69,6 +71,7 @@ pub(super) async fn run_job<B: Backend, H: Handler>(
     );
     async move {
         let action = outcome_of(&shared, &job, cancel, &clock).await;
+        let action = cancel_if_requested(&shared, &job, action).await;
         shared.finalizer.finish(&job, action, clock.expires()).await;
     }
     .instrument(span)
@@ -89,6 +92,13 @@ async fn outcome_of<B: Backend, H: Handler>(
             reason: RECLAIM_CAP_MESSAGE.to_owned(),
         };
     }
+    if job.cancel_requested {
+        // An operator asked an earlier holder to cancel it: do not run it.
+        events::cancel_requested(shared.backend.queue(), job.claim());
+        return Finalize::Cancel {
+            reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
+        };
+    }
     match H::Payload::deserialize(&job.payload) {
         Err(err) => {
             events::payload_malformed(shared.backend.queue(), job.id, &err);
@@ -97,9 +107,41 @@ async fn outcome_of<B: Backend, H: Handler>(
             }
         }
         Ok(payload) => {
-            let result = run_handler(shared, job, payload, cancel, clock).await;
-            decide(&shared.config.retry, job, result)
+            let result = run_handler(shared, job, payload, cancel.clone(), clock).await;
+            match (cancel.reason(), result) {
+                // Stopped on an operator's request: the job is cancelled, not retried.
+                (Some(CancelReason::CancelRequested), Err(_)) => Finalize::Cancel {
+                    reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
+                },
+                (_, result) => decide(&shared.config.retry, job, result),
+            }
         }
+    }
+}
+
+/// Before a job goes back to `pending` (a retry, a release), asks the store whether an operator
+/// requested its cancel meanwhile (a fenced heartbeat): then it ends `cancelled` instead.
+async fn cancel_if_requested<B: Backend, H: Handler>(
+    shared: &Shared<B, H>,
+    job: &ClaimedJob,
+    action: Finalize,
+) -> Finalize {
+    if !matches!(action, Finalize::Retry { .. } | Finalize::Release) {
+        return action;
+    }
+    match shared
+        .backend
+        .extend_lease(job.claim(), shared.config.lease)
+        .await
+    {
+        Ok(Heartbeat::CancelRequested) => {
+            events::cancel_requested(shared.backend.queue(), job.claim());
+            Finalize::Cancel {
+                reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
+            }
+        }
+        // Held: as decided. Lost or unanswered: the fenced write finds out.
+        _ => action,
     }
 }
 
@@ -201,8 +243,15 @@ async fn heartbeat<B: Backend, H: Handler>(
         next_beat = sent + every;
         let beat = shared.backend.extend_lease(claim, shared.config.lease);
         match tokio::time::timeout_at(untrusted_at, beat).await {
-            Ok(Ok(FinalizeOutcome::Applied)) => clock.renewed(sent),
-            Ok(Ok(FinalizeOutcome::Stale)) => {
+            Ok(Ok(Heartbeat::Held)) => clock.renewed(sent),
+            Ok(Ok(Heartbeat::CancelRequested)) => {
+                clock.renewed(sent);
+                if cancel.reason().is_none() {
+                    events::cancel_requested(queue, claim);
+                    cancel.fire(CancelReason::CancelRequested);
+                }
+            }
+            Ok(Ok(Heartbeat::Lost)) => {
                 events::lease_lost(queue, claim);
                 cancel.fire(CancelReason::LeaseLost);
                 return;
@@ -262,6 +311,7 @@ mod tests {
             reclaims,
             taken_over: false,
             over_reclaim_cap: false,
+            cancel_requested: false,
             claimed_at: chrono::Utc::now(),
             priority: 0,
             payload: serde_json::Value::Null,

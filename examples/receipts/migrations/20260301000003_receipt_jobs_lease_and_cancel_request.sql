@@ -8,7 +8,13 @@
 -- Building it scans the table once under a lock that blocks writes (not reads); on a large
 -- table, build it beforehand with CREATE INDEX CONCURRENTLY under the same name.
 
-ALTER TABLE "{{table}}" ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz;
+-- cancel_requested_at is an operator's cancel of a job in flight, which only its holder may
+-- end: the holder learns it at its next heartbeat or before it would give the job back, and a
+-- claim that takes the job over returns it, so that the job is ended instead of run.
 
-CREATE INDEX IF NOT EXISTS "{{table}}_expiry_idx"
-    ON "{{table}}" (queue, lease_expires_at NULLS FIRST) WHERE status = 'in_flight';
+ALTER TABLE "receipt_jobs"
+    ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz,
+    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
+
+CREATE INDEX IF NOT EXISTS "receipt_jobs_expiry_idx"
+    ON "receipt_jobs" (queue, lease_expires_at NULLS FIRST) WHERE status = 'in_flight';
