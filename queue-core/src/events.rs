@@ -194,7 +194,7 @@ pub(crate) fn job_reclaimed(queue: &QueueName, job: &ClaimedJob) {
 }
 
 /// `error` is serde's message; it names the mismatch and where it is.
-pub(crate) fn payload_malformed(queue: &QueueName, id: JobId, error: &serde_json::Error) {
+pub(crate) fn payload_malformed(queue: &QueueName, id: JobId, error: &str) {
     tracing::error!(
         name: PAYLOAD_MALFORMED,
         queue = %queue,

@@ -121,6 +121,35 @@ impl NewJob {
     }
 }
 
+/// Why a payload does not parse, without the payload's values: serde quotes the value it
+/// found (`invalid type: string "…"`, ``unknown variant `…` ``), and payloads may carry secrets,
+/// so every quoted or backticked part is replaced by `…`, except the name of a missing field
+/// (the handler's type's own). This is the text of `last_error` and of the event.
+pub fn payload_error_text(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    if message.starts_with("missing field `") {
+        return message;
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut open: Option<char> = None;
+    for c in message.chars() {
+        match open {
+            Some(close) if c == close => {
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                out.push(c);
+                out.push('…');
+                open = Some(c);
+            }
+            None => out.push(c),
+        }
+    }
+    out
+}
+
 /// The JSON pointer of the first NUL character in a string or key of `value`.
 fn nul_in(value: &Value, path: &mut String) -> Option<String> {
     let at = path.len();
@@ -155,6 +184,43 @@ fn nul_in(value: &Value, path: &mut String) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_payload_error_names_no_value_of_the_payload() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        enum Kind {
+            Card,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Args {
+            amount: i64,
+            kind: Kind,
+        }
+        let text = |value: serde_json::Value| {
+            payload_error_text(&serde_json::from_value::<Args>(value).unwrap_err())
+        };
+        let secret = "4111-1111-1111-1111";
+        for hostile in [
+            json!({ "amount": secret, "kind": "Card" }),
+            json!({ "amount": 1, "kind": secret }),
+            json!({ "amount": 1, "kind": { secret: 1 } }),
+            json!(secret),
+            json!([secret, 1]),
+        ] {
+            let text = text(hostile);
+            assert!(!text.contains("4111"), "{text}");
+            assert!(!text.is_empty());
+        }
+        assert_eq!(text(json!({ "kind": "Card" })), "missing field `amount`");
+        assert_eq!(
+            text(json!({ "amount": "x", "kind": "Card" })),
+            "invalid type: string \"…\", expected i64"
+        );
+        // Numbers are values too.
+        assert!(!text(json!({ "amount": 1.5, "kind": "Card" })).contains("1.5"));
+    }
 
     #[test]
     fn text_loses_nul_and_is_cut_at_a_character_boundary() {

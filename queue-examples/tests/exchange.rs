@@ -5,17 +5,18 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use queue_core::{
-    Backend, ClaimRequest, Finalize, FinalizeOutcome, Lease, Worker, WorkerHandle,
-    finalize_with_hooks,
+    Backend, CancelOutcome, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease,
+    Worker, WorkerHandle, finalize_with_hooks,
 };
 use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
 use queue_examples::exchange::{
     EventType, ExchangeConfig, ExchangeStore, HttpPartner, MIGRATOR, MemExchange, Partners,
-    PgExchange, RetryOutcome, SendHandler, TransactionStatus,
+    PgExchange, RetryOutcome, SendHandler, SendPayload, TransactionStatus,
 };
 use queue_postgres::testing::ScratchDb;
 use queue_postgres::{TableName, upgrade_legacy_sql};
+use serde_json::{Value, json};
 use sqlx::Row;
 
 async fn exchange_db() -> (ScratchDb, PgExchange) {
@@ -52,7 +53,7 @@ fn start<S: ExchangeStore>(
 ) -> WorkerHandle {
     Worker::new(
         store.queue().clone(),
-        SendHandler::new(partners.clone()),
+        SendHandler::new(store.clone(), partners.clone()),
         config.worker_config(partners).unwrap(),
     )
     .unwrap()
@@ -680,4 +681,283 @@ async fn the_worker_binary_refuses_a_lease_too_short_for_its_partners() {
         stderr.contains("2 × the largest partner send timeout"),
         "{stderr}"
     );
+}
+
+/// Plants a transaction whose send job carries `payload` instead of its own: on PostgreSQL by
+/// rewriting the row the way a bad deploy or a hand edit would, in memory through the store.
+async fn plant_pg(db: &ScratchDb, store: &PgExchange, payload: Value) -> i64 {
+    let id = store
+        .create_transactions(&[("acme".into(), 9)])
+        .await
+        .unwrap()[0];
+    sqlx::query("UPDATE exchange_send_jobs SET payload = $2 WHERE transaction_id = $1")
+        .bind(id)
+        .bind(payload)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    id
+}
+
+/// The status and `last_error` of a transaction's only send job.
+async fn send_job_of<S: ExchangeStore>(store: &S, id: i64) -> (JobStatus, Option<String>) {
+    let jobs = store.send_jobs(id).await.unwrap();
+    assert_eq!(jobs.len(), 1, "transaction {id} has one send job");
+    let job = store.queue().get(JobId(jobs[0])).await.unwrap().unwrap();
+    (job.status, job.last_error)
+}
+
+/// Poison payloads (`{}`, an array, `null`) and a payload naming another transaction: none is
+/// sent, each fails its own transaction with one `exchange.failed`, and the job says why.
+async fn hostile_payloads_fail_their_own_transaction<S: ExchangeStore>(
+    store: &S,
+    plant: impl AsyncFn(Value) -> i64,
+) {
+    let server = acme_server(Duration::ZERO).await;
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let good = store
+        .create_transactions(&[("acme".into(), 1)])
+        .await
+        .unwrap()[0];
+    let good_view = store.transaction(good).await.unwrap().unwrap();
+    let mut poisoned = Vec::new();
+    for payload in [json!({}), json!([1, 2, 3]), Value::Null] {
+        poisoned.push(plant(payload).await);
+    }
+    // Another transaction's payload, key included: sending it would send `good` again.
+    let borrowed = serde_json::to_value(SendPayload {
+        transaction_id: good,
+        correlation_id: good_view.correlation_id.clone(),
+        partner: "acme".into(),
+        amount_minor: 1,
+    })
+    .unwrap();
+    let mismatched = plant(borrowed).await;
+    let worker = start(store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(store, 5).await;
+    worker.shutdown().await.unwrap();
+
+    assert_eq!(server.posts(), 1, "only the good transaction is sent");
+    assert_eq!(server.keys()[&good_view.correlation_id].accepted, 1);
+    let good_now = store.transaction(good).await.unwrap().unwrap();
+    assert_eq!(good_now.status, TransactionStatus::Success);
+    for (id, why) in poisoned
+        .iter()
+        .map(|id| (*id, "malformed payload"))
+        .chain([(mismatched, "names another transaction than its own")])
+    {
+        let view = store.transaction(id).await.unwrap().unwrap();
+        assert_eq!(view.status, TransactionStatus::Failed, "transaction {id}");
+        let events = store.events(id).await.unwrap();
+        assert_eq!(events.len(), 1, "transaction {id}: {events:?}");
+        assert_eq!(events[0].event_type, EventType::Failed);
+        assert_eq!(events[0].correlation_id, view.correlation_id);
+        let (status, error) = send_job_of(store, id).await;
+        assert_eq!(status, JobStatus::Failed);
+        assert!(error.unwrap_or_default().contains(why), "transaction {id}");
+    }
+    let summary = store.summary().await.unwrap();
+    assert_eq!(
+        (summary.conflicting_events, summary.duplicate_events),
+        (0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_on_postgres() {
+    let (db, store) = exchange_db().await;
+    hostile_payloads_fail_their_own_transaction(&store, async |payload| {
+        plant_pg(&db, &store, payload).await
+    })
+    .await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_in_memory() {
+    let store = MemExchange::new();
+    hostile_payloads_fail_their_own_transaction(&store, async |payload| {
+        store.create_with_payload("acme", 9, payload).await.unwrap()
+    })
+    .await;
+}
+
+/// Behind the handler's check, the hook's own: a success reported under another transaction's
+/// payload (by code that finalizes without the handler) fails the job's own transaction.
+async fn a_success_under_a_foreign_payload_fails_the_own_transaction<S: ExchangeStore>(
+    store: &S,
+    plant: impl AsyncFn(Value) -> i64,
+) {
+    let foreign = json!({
+        "transaction_id": 999_999, "correlation_id": "k", "partner": "acme", "amount_minor": 1
+    });
+    let id = plant(foreign).await;
+    let job = store
+        .queue()
+        .claim(ClaimRequest::new(1, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &Finalize::Complete)
+        .await
+        .unwrap();
+    assert_eq!(outcome, FinalizeOutcome::Applied);
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Failed
+    );
+    let events = store.events(id).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+        vec![EventType::Failed]
+    );
+}
+
+#[tokio::test]
+async fn a_success_under_a_foreign_payload_fails_the_own_transaction_on_postgres() {
+    let (db, store) = exchange_db().await;
+    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, async |payload| {
+        plant_pg(&db, &store, payload).await
+    })
+    .await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_success_under_a_foreign_payload_fails_the_own_transaction_in_memory() {
+    let store = MemExchange::new();
+    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, async |payload| {
+        store.create_with_payload("acme", 9, payload).await.unwrap()
+    })
+    .await;
+}
+
+/// An operator cancels a pending send job: the hooks fail its transaction with an event in the
+/// same transaction, and `retry_failed_transaction` sends it again under a new key.
+async fn cancelling_a_pending_send_fails_its_transaction<S: ExchangeStore>(store: &S) {
+    let id = store
+        .create_transactions(&[("acme".into(), 3)])
+        .await
+        .unwrap()[0];
+    let first_key = store.transaction(id).await.unwrap().unwrap().correlation_id;
+    let job = store.send_jobs(id).await.unwrap()[0];
+    assert_eq!(
+        store.cancel_send_job(job).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Failed
+    );
+    assert_eq!(send_job_of(store, id).await.0, JobStatus::Cancelled);
+    assert_eq!(
+        store.cancel_send_job(job).await.unwrap(),
+        CancelOutcome::AlreadyTerminal(JobStatus::Cancelled),
+        "a second cancel changes nothing"
+    );
+    assert_eq!(store.events(id).await.unwrap().len(), 1);
+
+    let RetryOutcome::Retried { correlation_id, .. } =
+        store.retry_failed_transaction(id).await.unwrap()
+    else {
+        panic!("a cancelled send's transaction can be retried");
+    };
+    let server = acme_server(Duration::ZERO).await;
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let worker = start(store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(store, 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Success
+    );
+    let events: Vec<_> = store
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.event_type, e.correlation_id))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (EventType::Failed, first_key),
+            (EventType::Sent, correlation_id)
+        ]
+    );
+    assert_eq!(server.posts(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_pending_send_fails_its_transaction_on_postgres() {
+    let (db, store) = exchange_db().await;
+    cancelling_a_pending_send_fails_its_transaction(&store).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_pending_send_fails_its_transaction_in_memory() {
+    cancelling_a_pending_send_fails_its_transaction(&MemExchange::new()).await;
+}
+
+/// An operator cancels a send job while its send is at the partner: the worker learns it before
+/// it would schedule the retry the partner's 503 asks for, and ends the job cancelled, its
+/// transaction failed with one event, without sending again.
+async fn cancelling_a_send_in_flight_ends_it_at_its_worker<S: ExchangeStore>(store: &S) {
+    let server = PartnerServer::start(HashMap::from([("acme".to_owned(), Behavior::Held(503))]))
+        .await
+        .unwrap();
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let id = store
+        .create_transactions(&[("acme".into(), 4)])
+        .await
+        .unwrap()[0];
+    let job = store.send_jobs(id).await.unwrap()[0];
+    let worker = start(store, &partners, &quick(ExchangeConfig::default()));
+    server.wait_posts(1).await;
+    assert_eq!(
+        store.cancel_send_job(job).await.unwrap(),
+        CancelOutcome::Requested
+    );
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Pending,
+        "the holder ends the job, not the operator"
+    );
+    server.release();
+    wait_terminal(store, 1).await;
+    let report = worker.shutdown().await.unwrap();
+    assert_eq!(report.stats.cancelled, 1, "{:?}", report.stats);
+    assert_eq!(send_job_of(store, id).await.0, JobStatus::Cancelled);
+    assert_eq!(
+        store.transaction(id).await.unwrap().unwrap().status,
+        TransactionStatus::Failed
+    );
+    assert_eq!(
+        store
+            .events(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.event_type)
+            .collect::<Vec<_>>(),
+        vec![EventType::Failed]
+    );
+    assert_eq!(server.posts(), 1, "a cancelled send is not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_send_in_flight_ends_it_at_its_worker_on_postgres() {
+    let (db, store) = exchange_db().await;
+    cancelling_a_send_in_flight_ends_it_at_its_worker(&store).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_send_in_flight_ends_it_at_its_worker_in_memory() {
+    cancelling_a_send_in_flight_ends_it_at_its_worker(&MemExchange::new()).await;
 }

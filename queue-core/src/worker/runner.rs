@@ -101,9 +101,11 @@ async fn outcome_of<B: Backend, H: Handler>(
     }
     match H::Payload::deserialize(&job.payload) {
         Err(err) => {
-            events::payload_malformed(shared.backend.queue(), job.id, &err);
+            // The error text names no payload value: payloads may carry secrets.
+            let error = crate::limits::payload_error_text(&err);
+            events::payload_malformed(shared.backend.queue(), job.id, &error);
             Finalize::Fail {
-                error: format!("malformed payload: {err}"),
+                error: format!("malformed payload: {error}"),
             }
         }
         Ok(payload) => {

@@ -90,7 +90,7 @@ async fn main() -> Result<()> {
     };
     let worker = Worker::new(
         store.queue().clone(),
-        SendHandler::new(partners),
+        SendHandler::new(store.clone(), partners),
         worker_config,
     )?
     .hooks(store.hooks())

@@ -121,7 +121,7 @@ fn start_worker<S: ExchangeStore>(
     let worker_config = config.worker_config(partners)?;
     Ok(Worker::new(
         store.queue().clone(),
-        SendHandler::new(partners.clone()),
+        SendHandler::new(store.clone(), partners.clone()),
         worker_config,
     )?
     .hooks(store.hooks())

@@ -4,12 +4,17 @@ use std::time::Duration;
 
 use queue_core::JobId;
 
-use super::TransactionStatus;
+use super::{PayloadError, TransactionStatus};
 
 /// A send was not started: too little lease was left for the partner's timeout (warn).
 pub const SEND_SKIPPED_SHORT_LEASE: &str = "exchange.send_skipped_short_lease";
 /// The terminal guard refused a flip of a terminal transaction (warn).
 pub const TRANSACTION_GUARD_REFUSED: &str = "exchange.transaction_guard_refused";
+/// A send job was not sent: its payload does not name its own transaction (error).
+pub const PAYLOAD_REFUSED: &str = "exchange.payload_refused";
+/// A send outcome that would have ended the transaction otherwise than `failed` came with a
+/// payload naming another transaction: the job's own transaction was failed instead (error).
+pub const PAYLOAD_MISMATCH: &str = "exchange.payload_mismatch";
 /// The `exchange-worker` process started (info).
 pub const WORKER_STARTED: &str = "exchange.worker_started";
 /// The `exchange-worker` process received SIGTERM or SIGINT and is draining (info).
@@ -35,5 +40,20 @@ pub(crate) fn guard_refused(transaction_id: i64, wanted: TransactionStatus, job_
         wanted = wanted.as_str(),
         job_id,
         "{TRANSACTION_GUARD_REFUSED}: the transaction is already terminal"
+    );
+}
+
+pub(crate) fn payload_refused(refused: &PayloadError) {
+    tracing::error!(name: PAYLOAD_REFUSED, error = %refused, "{PAYLOAD_REFUSED}");
+}
+
+/// Logs a send outcome whose payload named another transaction than the job's own: that
+/// transaction was failed, whatever the outcome.
+pub(crate) fn payload_mismatch(job_id: i64, own: i64) {
+    tracing::error!(
+        name: PAYLOAD_MISMATCH,
+        job_id,
+        transaction_id = own,
+        "{PAYLOAD_MISMATCH}: the job's own transaction was failed"
     );
 }

@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use queue_core::{
     Backend, BackendTx, BoxError, ClaimedJob, FinalizeEvent, FinalizeHook, Hooks, MemoryBackend,
-    MemoryTx, NewJob,
+    MemoryTx, NewJob, Payload,
 };
+use serde_json::Value;
 
 use super::{
     EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, RetryOutcome, SendPayload,
-    TransactionStatus, TransactionView, guard_refused, queue_name,
+    TransactionStatus, TransactionView, events, guard_refused, queue_name,
 };
 
 #[derive(Default)]
@@ -107,13 +108,19 @@ impl MemExchange {
             partner: view.partner.clone(),
             amount_minor: view.amount_minor,
         };
-        let job = self
-            .queue
-            .enqueue_in(tx, NewJob::new(&payload)?)
-            .await?
-            .id
-            .0;
-        self.domain.lock().unwrap().jobs.insert(job, view.id);
+        self.enqueue_linked(tx, view.id, NewJob::new(&payload)?)
+            .await
+    }
+
+    /// Enqueues `job` inside `tx` as the send job of transaction `id`.
+    async fn enqueue_linked(
+        &self,
+        tx: &mut MemoryTx,
+        id: i64,
+        job: NewJob,
+    ) -> Result<i64, ExchangeError> {
+        let job = self.queue.enqueue_in(tx, job).await?.id.0;
+        self.domain.lock().unwrap().jobs.insert(job, id);
         let undo = self.domain.clone();
         tx.on_rollback(move || {
             undo.lock().unwrap().jobs.remove(&job);
@@ -122,8 +129,57 @@ impl MemExchange {
     }
 }
 
+impl MemExchange {
+    /// Creates a transaction inside `tx` (taken back if it rolls back).
+    fn new_transaction(
+        &self,
+        tx: &mut MemoryTx,
+        partner: &str,
+        amount_minor: i64,
+    ) -> TransactionView {
+        let view = {
+            let mut domain = self.domain.lock().unwrap();
+            domain.next_id += 1;
+            let view = TransactionView {
+                id: domain.next_id,
+                correlation_id: domain.new_key(),
+                partner: partner.to_owned(),
+                amount_minor,
+                status: TransactionStatus::Pending,
+                retries: 0,
+            };
+            domain.transactions.insert(view.id, view.clone());
+            view
+        };
+        let undo = self.domain.clone();
+        let id = view.id;
+        tx.on_rollback(move || {
+            undo.lock().unwrap().transactions.remove(&id);
+        });
+        view
+    }
+
+    /// Creates a transaction whose send job carries `payload` as given, not the transaction's
+    /// own: how tests bring in the hostile payloads a table can hold (`{}`, `null`, another
+    /// transaction's). Returns the transaction's id.
+    pub async fn create_with_payload(
+        &self,
+        partner: &str,
+        amount_minor: i64,
+        payload: Value,
+    ) -> Result<i64, ExchangeError> {
+        let mut tx = self.queue.begin().await?;
+        let view = self.new_transaction(&mut tx, partner, amount_minor);
+        self.enqueue_linked(&mut tx, view.id, NewJob::from_value(payload))
+            .await?;
+        tx.commit().await?;
+        Ok(view.id)
+    }
+}
+
 /// The send job's outcome on the domain: stamps the job's transaction through the terminal
-/// guard and stages the event only when the stamp applied, in the queue's transaction.
+/// guard and stages the event only when the stamp applied, in the queue's transaction. A
+/// payload that names another transaction fails the job's own (logged as a mismatch).
 struct SendOutcome(MemExchange);
 
 impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
@@ -136,7 +192,7 @@ impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
         tx: &mut MemoryTx,
         event: &FinalizeEvent<'_, SendPayload>,
     ) -> Result<(), BoxError> {
-        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
+        let Some((mut event_type, mut status)) = EventType::for_outcome(event.action) else {
             return Ok(());
         };
         let job = event.job;
@@ -144,6 +200,19 @@ impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
         let Some(id) = linked else {
             return Err(format!("send job {} has no transaction", job.id).into());
         };
+        let own_payload = match &event.payload {
+            Payload::Parsed(payload) if payload.transaction_id == id => true,
+            Payload::Parsed(_) => {
+                if status != TransactionStatus::Failed {
+                    events::payload_mismatch(job.id.0, id);
+                }
+                false
+            }
+            Payload::Malformed => false,
+        };
+        if !own_payload {
+            (event_type, status) = (EventType::Failed, TransactionStatus::Failed);
+        }
         if self.0.stamp_transaction(tx, id, status) {
             self.0.stage(tx, id, event_type, job);
         } else {
@@ -164,6 +233,22 @@ impl ExchangeStore for MemExchange {
         Hooks::new().with(SendOutcome(self.clone()))
     }
 
+    async fn transaction_of_job(&self, job_id: i64) -> Result<Option<i64>, ExchangeError> {
+        Ok(self.domain.lock().unwrap().jobs.get(&job_id).copied())
+    }
+
+    async fn send_jobs(&self, transaction_id: i64) -> Result<Vec<i64>, ExchangeError> {
+        let domain = self.domain.lock().unwrap();
+        let mut jobs: Vec<i64> = domain
+            .jobs
+            .iter()
+            .filter(|(_, owner)| **owner == transaction_id)
+            .map(|(job, _)| *job)
+            .collect();
+        jobs.sort_unstable();
+        Ok(jobs)
+    }
+
     async fn create_transactions(
         &self,
         requests: &[(String, i64)],
@@ -171,27 +256,9 @@ impl ExchangeStore for MemExchange {
         let mut tx = self.queue.begin().await?;
         let mut ids = Vec::with_capacity(requests.len());
         for (partner, amount_minor) in requests {
-            let view = {
-                let mut domain = self.domain.lock().unwrap();
-                domain.next_id += 1;
-                let view = TransactionView {
-                    id: domain.next_id,
-                    correlation_id: domain.new_key(),
-                    partner: partner.clone(),
-                    amount_minor: *amount_minor,
-                    status: TransactionStatus::Pending,
-                    retries: 0,
-                };
-                domain.transactions.insert(view.id, view.clone());
-                view
-            };
-            let undo = self.domain.clone();
-            let id = view.id;
-            tx.on_rollback(move || {
-                undo.lock().unwrap().transactions.remove(&id);
-            });
+            let view = self.new_transaction(&mut tx, partner, *amount_minor);
             self.enqueue_send(&mut tx, &view).await?;
-            ids.push(id);
+            ids.push(view.id);
         }
         tx.commit().await?;
         Ok(ids)

@@ -2,7 +2,8 @@
 //! once, with the transaction's status and the outbox events staged only after the job's fenced
 //! write applied.
 //!
-//! * [`SendHandler`] sends one transmission through its partner's adapter.
+//! * [`SendHandler`] sends one transmission through its partner's adapter, once it checked that
+//!   the payload names the job's own transaction.
 //! * [`ExchangeStore`] is the domain storage with two implementations, [`PgExchange`] (the
 //!   `migrations/` schema, the pre-lease table upgraded) and [`MemExchange`] (in process).
 //! * Each store provides one finalize hook, the send outcome: it stamps the job's transaction
@@ -16,7 +17,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::{
-    Backend, Handler, Hooks, JobContext, JobError, Lease, QueueName, RetryPolicy, WorkerConfig,
+    Backend, CancelOutcome, Handler, Hooks, JobContext, JobError, Lease, QueueName, RetryPolicy,
+    WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -352,25 +354,78 @@ impl Partners {
     }
 }
 
+/// Why a send job is not sent: its row and its payload disagree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// The job's row names no transaction.
+    #[error("send job {job_id} belongs to no transaction")]
+    NoTransaction {
+        /// The send job.
+        job_id: i64,
+    },
+    /// The payload names another transaction than the row's own (the payload's value is not
+    /// repeated: payloads stay out of errors).
+    #[error("the payload of send job {job_id} names another transaction than its own ({own})")]
+    Mismatch {
+        /// The send job.
+        job_id: i64,
+        /// The transaction the job's row belongs to.
+        own: i64,
+    },
+}
+
 /// Sends one transmission per job.
-#[derive(Clone)]
-pub struct SendHandler {
+///
+/// The job's row, not its payload, says which transaction it sends: before sending, the handler
+/// checks that the payload names that transaction, and fails the job otherwise (the send
+/// outcome hook then fails the row's own transaction, with its event), so that a tampered or
+/// mixed-up payload is never sent under another transaction's job.
+pub struct SendHandler<S> {
+    store: S,
     partners: Arc<Partners>,
 }
 
-impl SendHandler {
-    /// A handler over `partners`.
-    pub fn new(partners: Partners) -> Self {
+impl<S: Clone> Clone for SendHandler<S> {
+    fn clone(&self) -> Self {
         SendHandler {
-            partners: Arc::new(partners),
+            store: self.store.clone(),
+            partners: self.partners.clone(),
         }
     }
 }
 
-impl Handler for SendHandler {
+impl<S: ExchangeStore> SendHandler<S> {
+    /// A handler over `partners`, checking payloads against `store`.
+    pub fn new(store: S, partners: Partners) -> Self {
+        SendHandler {
+            store,
+            partners: Arc::new(partners),
+        }
+    }
+
+    /// Refuses a payload that does not name the job's own transaction.
+    async fn check_payload(&self, job_id: i64, payload: &SendPayload) -> Result<(), JobError> {
+        // The store could not answer: try again later, nothing was sent.
+        let own = self
+            .store
+            .transaction_of_job(job_id)
+            .await
+            .map_err(JobError::retry)?;
+        let refused = match own {
+            None => PayloadError::NoTransaction { job_id },
+            Some(own) if own != payload.transaction_id => PayloadError::Mismatch { job_id, own },
+            Some(_) => return Ok(()),
+        };
+        events::payload_refused(&refused);
+        Err(JobError::fail(refused))
+    }
+}
+
+impl<S: ExchangeStore> Handler for SendHandler<S> {
     type Payload = SendPayload;
 
     async fn handle(&self, ctx: JobContext, payload: SendPayload) -> Result<(), JobError> {
+        self.check_payload(ctx.id().0, &payload).await?;
         // The two early terminal arms (partner missing, resolve miss): fail terminally through
         // the same fenced finalize as every other outcome, so the hooks stamp and stage.
         let partner = self
@@ -463,6 +518,37 @@ pub trait ExchangeStore: Clone + Send + Sync + 'static {
     /// The finalize hooks: the send outcome (the transaction stamped through the terminal
     /// guard, and its event staged only if that stamp applied).
     fn hooks(&self) -> Hooks<<Self::Backend as Backend>::Tx, SendPayload>;
+
+    /// The transaction a send job belongs to, as its row says (`None`: no such job, or a row
+    /// without one).
+    fn transaction_of_job(
+        &self,
+        job_id: i64,
+    ) -> impl Future<Output = Result<Option<i64>, ExchangeError>> + Send;
+
+    /// The send jobs of a transaction, oldest first (one per send: the first, and one per
+    /// [`ExchangeStore::retry_failed_transaction`]).
+    fn send_jobs(
+        &self,
+        transaction_id: i64,
+    ) -> impl Future<Output = Result<Vec<i64>, ExchangeError>> + Send;
+
+    /// An operator's cancel of a send job, through the send outcome hook: a pending job is
+    /// cancelled and its transaction fails with `exchange.failed`, in one transaction (so
+    /// [`ExchangeStore::retry_failed_transaction`] can send it again); a job being sent is
+    /// asked to stop, and its worker ends it the same way unless the send completes first.
+    fn cancel_send_job(
+        &self,
+        job_id: i64,
+    ) -> impl Future<Output = Result<CancelOutcome, ExchangeError>> + Send {
+        async move {
+            let hooks = self.hooks();
+            Ok(
+                queue_core::cancel_with_hooks(self.queue(), &hooks, queue_core::JobId(job_id))
+                    .await?,
+            )
+        }
+    }
 
     /// Creates transactions (partner, amount) with one send job each, in one transaction.
     /// Returns the transaction ids.

@@ -16,6 +16,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use queue_core::CancellationToken;
 use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
 
 use super::http::IDEMPOTENCY_KEY;
 
@@ -33,6 +34,9 @@ pub enum Behavior {
     Always(u16),
     /// Answers 201 after this delay (longer than the adapter's timeout: a timeout).
     Slow(Duration),
+    /// Holds every POST until [`PartnerServer::release`], then answers this status: a partner
+    /// that hangs for as long as a test needs, with no timing involved.
+    Held(u16),
 }
 
 /// What the partner saw of one idempotency key.
@@ -52,10 +56,18 @@ struct Recorded {
     posts: u64,
 }
 
+struct State {
+    recorded: Mutex<Recorded>,
+    /// Fired at every POST's arrival.
+    arrived: Notify,
+    /// Opens the held POSTs ([`Behavior::Held`]).
+    released: watch::Sender<bool>,
+}
+
 /// A running partner server.
 pub struct PartnerServer {
     addr: SocketAddr,
-    recorded: Arc<Mutex<Recorded>>,
+    state: Arc<State>,
     shutdown: CancellationToken,
 }
 
@@ -65,11 +77,15 @@ impl PartnerServer {
     pub async fn start(behaviors: HashMap<String, Behavior>) -> std::io::Result<PartnerServer> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
-        let recorded = Arc::new(Mutex::new(Recorded::default()));
+        let state = Arc::new(State {
+            recorded: Mutex::new(Recorded::default()),
+            arrived: Notify::new(),
+            released: watch::Sender::new(false),
+        });
         let behaviors = Arc::new(behaviors);
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let state = recorded.clone();
+        let served = state.clone();
         tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
@@ -80,7 +96,7 @@ impl PartnerServer {
                     },
                 };
                 let behaviors = behaviors.clone();
-                let state = state.clone();
+                let state = served.clone();
                 tokio::spawn(async move {
                     let service =
                         service_fn(move |req| answer(req, behaviors.clone(), state.clone()));
@@ -92,7 +108,7 @@ impl PartnerServer {
         });
         Ok(PartnerServer {
             addr,
-            recorded,
+            state,
             shutdown,
         })
     }
@@ -104,12 +120,31 @@ impl PartnerServer {
 
     /// Every idempotency key seen, with what happened to its POSTs.
     pub fn keys(&self) -> HashMap<String, KeyRecord> {
-        self.recorded.lock().unwrap().keys.clone()
+        self.state.recorded.lock().unwrap().keys.clone()
     }
 
     /// POSTs received.
     pub fn posts(&self) -> u64 {
-        self.recorded.lock().unwrap().posts
+        self.state.recorded.lock().unwrap().posts
+    }
+
+    /// Waits until at least `n` POSTs have arrived.
+    pub async fn wait_posts(&self, n: u64) {
+        loop {
+            let arrived = self.state.arrived.notified();
+            tokio::pin!(arrived);
+            // Registered before the count is read, so an arrival in between is not missed.
+            arrived.as_mut().enable();
+            if self.posts() >= n {
+                return;
+            }
+            arrived.await;
+        }
+    }
+
+    /// Lets every held POST ([`Behavior::Held`]) answer, and those to come answer at once.
+    pub fn release(&self) {
+        self.state.released.send_replace(true);
     }
 
     /// Accepted POSTs beyond the first for the same key: transmissions sent twice.
@@ -130,7 +165,7 @@ impl Drop for PartnerServer {
 async fn answer(
     req: Request<Incoming>,
     behaviors: Arc<HashMap<String, Behavior>>,
-    state: Arc<Mutex<Recorded>>,
+    state: Arc<State>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let name = req
         .uri()
@@ -145,12 +180,13 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     {
-        let mut recorded = state.lock().unwrap();
+        let mut recorded = state.recorded.lock().unwrap();
         recorded.posts += 1;
         if let Some(key) = &key {
             recorded.keys.entry(key.clone()).or_default().received += 1;
         }
     }
+    state.arrived.notify_waiters();
     let status = match (behaviors.get(&name), &key) {
         (None, _) => StatusCode::NOT_FOUND,
         (Some(_), None) => StatusCode::BAD_REQUEST,
@@ -161,9 +197,15 @@ async fn answer(
             tokio::time::sleep(*delay).await;
             StatusCode::CREATED
         }
+        (Some(Behavior::Held(code)), _) => {
+            let mut released = state.released.subscribe();
+            // The sender lives as long as the state this task holds.
+            let _ = released.wait_for(|open| *open).await;
+            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
         (Some(Behavior::Flaky { fail_rate, latency }), _) => {
             tokio::time::sleep(*latency).await;
-            if unit_random() < *fail_rate {
+            if fastrand::f64() < *fail_rate {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
                 StatusCode::CREATED
@@ -171,7 +213,7 @@ async fn answer(
         }
     };
     if let Some(key) = key {
-        let mut recorded = state.lock().unwrap();
+        let mut recorded = state.recorded.lock().unwrap();
         let record = recorded.keys.entry(key).or_default();
         if status.is_success() {
             record.accepted += 1;
@@ -183,11 +225,4 @@ async fn answer(
         .status(status)
         .body(Full::new(Bytes::new()))
         .expect("a static response"))
-}
-
-fn unit_random() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u8(1);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }

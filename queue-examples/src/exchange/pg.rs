@@ -5,14 +5,15 @@
 
 use std::sync::LazyLock;
 
-use queue_core::{Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks};
+use queue_core::{Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks, Payload};
 use queue_postgres::{Driver, PgQueueConfig, PostgresQueue, PostgresTx, Row, Sqlx, TableName};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 
 use super::{
     EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, QUEUE, RetryOutcome,
-    SEND_JOBS_TABLE, SendPayload, TransactionStatus, TransactionView, guard_refused, queue_name,
+    SEND_JOBS_TABLE, SendPayload, TransactionStatus, TransactionView, events, guard_refused,
+    queue_name,
 };
 
 /// The exchange's migrations (the service's own migrator, `_sqlx_migrations`), from the
@@ -44,28 +45,43 @@ WHERE id = $1 AND ($2 NOT IN ('success', 'failed') OR status NOT IN ('success', 
 "#;
 
 /// A send job's outcome on its transaction, in the finalize transaction: the transaction the
-/// job row belongs to (its own `transaction_id` column, whatever the payload says) is stamped
-/// through the terminal guard, and the event is staged only if this stamp applied. `$1` send
-/// job, `$2` claim generation, `$3` the status the outcome leads to, `$4` event type. Returns
-/// the transaction and whether it was stamped; no row when the job has no transaction.
+/// job row belongs to (its own `transaction_id` column) is stamped through the terminal guard,
+/// and the event is staged only if this stamp applied. The status is the outcome's only when
+/// the payload named that same transaction; otherwise the transaction fails (what was sent, if
+/// anything, was not its transmission). `$1` send job, `$2` claim generation, `$3` the status
+/// the outcome leads to, `$4` its event type, `$5` the payload's transaction (NULL: none could
+/// be read). Returns the transaction, whether the payload was its own and whether it was
+/// stamped; no row when the job has no transaction.
 const SEND_OUTCOME: &str = r#"
 WITH job AS (
-    SELECT transaction_id FROM exchange_send_jobs WHERE id = $1
+    SELECT transaction_id, transaction_id = $5 IS TRUE AS own_payload
+    FROM exchange_send_jobs WHERE id = $1
+),
+outcome AS (
+    SELECT transaction_id, own_payload,
+           CASE WHEN own_payload THEN $3 ELSE 'failed' END AS status,
+           CASE WHEN own_payload THEN $4 ELSE 'exchange.failed' END AS event_type
+    FROM job
 ),
 stamped AS (
-    UPDATE exchange_transactions AS t SET status = $3, updated_at = now()
-    FROM job
-    WHERE t.id = job.transaction_id AND t.status NOT IN ('success', 'failed')
-    RETURNING t.id, t.correlation_id
+    UPDATE exchange_transactions AS t SET status = outcome.status, updated_at = now()
+    FROM outcome
+    WHERE t.id = outcome.transaction_id AND t.status NOT IN ('success', 'failed')
+    RETURNING t.id, t.correlation_id, outcome.event_type
 ),
 staged AS (
     INSERT INTO exchange_outbox (event_type, transaction_id, correlation_id, send_job_id,
                                  claim_generation)
-    SELECT $4, id, correlation_id, $1, $2 FROM stamped
+    SELECT event_type, id, correlation_id, $1, $2 FROM stamped
     RETURNING transaction_id
 )
-SELECT job.transaction_id, EXISTS (SELECT 1 FROM staged) AS stamped
-FROM job JOIN exchange_transactions AS t ON t.id = job.transaction_id
+SELECT outcome.transaction_id, outcome.own_payload, EXISTS (SELECT 1 FROM staged) AS stamped
+FROM outcome JOIN exchange_transactions AS t ON t.id = outcome.transaction_id
+"#;
+
+/// The transaction a send job's row belongs to. `$1` send job.
+const TRANSACTION_OF_JOB: &str = r#"
+SELECT transaction_id FROM exchange_send_jobs WHERE id = $1
 "#;
 
 /// The guarded exit from `failed` with a new idempotency key. `$1` transaction.
@@ -84,6 +100,11 @@ SELECT id, $2, jsonb_build_object('transaction_id', id, 'correlation_id', correl
                                   'partner', partner, 'amount_minor', amount_minor)
 FROM exchange_transactions WHERE id = $1
 RETURNING id
+"#;
+
+/// The send jobs of a transaction. `$1` transaction.
+const SEND_JOBS: &str = r#"
+SELECT id FROM exchange_send_jobs WHERE transaction_id = $1 ORDER BY id
 "#;
 
 const TRANSACTION: &str = r#"
@@ -196,7 +217,8 @@ impl<D: Driver> PgExchange<D> {
 
 /// The send job's outcome on the domain: stamps the transaction through the terminal guard and
 /// stages `exchange.sent` / `exchange.failed`, in one statement, only when the stamp applied. A
-/// refusal is logged, not an error: the job's fenced write is the source of truth.
+/// refusal is logged, not an error: the job's fenced write is the source of truth. A payload
+/// that names another transaction fails the job's own (logged as a mismatch).
 struct SendOutcome;
 
 impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
@@ -213,18 +235,33 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
             return Ok(());
         };
         let job = event.job;
+        let named = match &event.payload {
+            Payload::Parsed(payload) => Some(payload.transaction_id),
+            Payload::Malformed => None,
+        };
         let params = (
             job.id.0,
             job.generation.0,
             status.as_str(),
             event_type.as_str(),
+            named,
         );
         let rows = tx.query(SEND_OUTCOME, params).await?;
         let Some(row) = rows.first() else {
             return Err(format!("send job {} has no transaction", job.id).into());
         };
+        let own: i64 = row.get("transaction_id")?;
+        let own_payload: bool = row.get("own_payload")?;
+        if named.is_some() && !own_payload && status != TransactionStatus::Failed {
+            events::payload_mismatch(job.id.0, own);
+        }
         if !row.get::<bool>("stamped")? {
-            guard_refused(row.get("transaction_id")?, status, job.id.0);
+            let wanted = if own_payload {
+                status
+            } else {
+                TransactionStatus::Failed
+            };
+            guard_refused(own, wanted, job.id.0);
         }
         Ok(())
     }
@@ -267,6 +304,22 @@ impl<D: Driver> ExchangeStore for PgExchange<D> {
 
     fn hooks(&self) -> Hooks<PostgresTx<D>, SendPayload> {
         Hooks::new().with(SendOutcome)
+    }
+
+    async fn transaction_of_job(&self, job_id: i64) -> Result<Option<i64>, ExchangeError> {
+        let rows = self.queue.query(TRANSACTION_OF_JOB, (job_id,)).await?;
+        Ok(match rows.first() {
+            Some(row) => row.get::<Option<i64>>("transaction_id")?,
+            None => None,
+        })
+    }
+
+    async fn send_jobs(&self, transaction_id: i64) -> Result<Vec<i64>, ExchangeError> {
+        let rows = self.queue.query(SEND_JOBS, (transaction_id,)).await?;
+        Ok(rows
+            .iter()
+            .map(|row| row.get("id"))
+            .collect::<Result<_, _>>()?)
     }
 
     async fn create_transactions(
