@@ -70,7 +70,7 @@ pub enum PgError {
 
     /// tokio-postgres failed.
     #[cfg(feature = "tokio-postgres")]
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", tokio_postgres_message(.0))]
     TokioPostgres(#[from] tokio_postgres::Error),
 
     /// The deadpool-postgres pool failed to hand out a connection.
@@ -121,6 +121,16 @@ fn sqlx_is_transient(err: &sqlx::Error) -> bool {
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| sqlstate_is_transient(&c)),
         _ => false,
+    }
+}
+
+/// tokio-postgres says only "db error" for a server error: name the server's message and
+/// SQLSTATE, as sqlx does, but not its detail, which can quote row values.
+#[cfg(feature = "tokio-postgres")]
+fn tokio_postgres_message(err: &tokio_postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => err.to_string(),
     }
 }
 

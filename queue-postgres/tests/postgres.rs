@@ -35,6 +35,7 @@ per_driver!(
     a_refused_outcome_costs_only_its_own_job,
     a_claim_from_before_stored_leases_keeps_its_claimers_lease,
     an_enqueue_that_fails_inserts_nothing,
+    a_database_error_names_the_servers_message_but_no_row_values,
 );
 
 /// The server process of a transaction's connection.
@@ -847,57 +848,134 @@ async fn a_claim_from_before_stored_leases_keeps_its_claimers_lease<D: TestDrive
     db.drop_db().await;
 }
 
-/// An enqueue is one statement: when it fails (here a role that may insert but not update or
-/// read unique keys hits a key already held), none of its jobs is inserted, not even those
-/// without a key, so a caller that retries does not duplicate them.
+/// An enqueue is all or none: the database turning hostile in the middle of the call (here, the
+/// table locked right after the insert, past the role's `lock_timeout`) must not leave some of
+/// its jobs inserted behind an error, or a caller that retries duplicates them. One statement
+/// either commits every row, with an exact result, or none.
 async fn an_enqueue_that_fails_inserts_nothing<D: TestDriver>() {
     let db = TestDb::new().await;
     let admin = support::connect_default::<D>(&db).await;
-    admin
+    let held = admin
         .enqueue(NewJob::from_value(json!({})).unique_key("held"))
         .await
-        .unwrap();
-    let role = format!("{}_inserter", db.name);
+        .unwrap()
+        .id;
+    // The insert waits at a statement trigger on an advisory lock the test holds, so that the
+    // test can queue a table lock behind it, to be granted the moment the insert commits.
+    let role = format!("{}_enqueuer", db.name);
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         r#"CREATE ROLE "{role}" LOGIN;
-           GRANT INSERT, SELECT (id) ON queue_jobs TO "{role}";
+           ALTER ROLE "{role}" SET lock_timeout = '1s';
+           GRANT SELECT, INSERT, UPDATE ON queue_jobs TO "{role}";
            GRANT USAGE ON SEQUENCE queue_jobs_id_seq TO "{role}";
-           GRANT SELECT ON queue_jobs TO "{role}";
-           REVOKE SELECT ON queue_jobs FROM "{role}";
-           GRANT SELECT (id, queue, status) ON queue_jobs TO "{role}";"#
+           CREATE FUNCTION hold_inserts() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NULL; END $$;
+           CREATE TRIGGER hold_inserts BEFORE INSERT ON queue_jobs
+               FOR EACH STATEMENT EXECUTE FUNCTION hold_inserts();"#
     )))
     .execute(&db.pool)
     .await
     .unwrap();
+    let mut gate = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
     let url = format!("postgres://{role}@127.0.0.1:{}/{}", server_port(), db.name);
     let config = PgQueueConfig {
         listen: false,
         ..PgQueueConfig::default()
     };
-    let queue = D::connect(&url, D::pool(&url, 2), config).await;
-    // The schema check reads the catalog, which the role may: it connects.
-    let queue = queue.expect("the restricted role connects");
-    let jobs = vec![
-        NewJob::from_value(json!({ "n": 1 })),
-        NewJob::from_value(json!({ "n": 2 })).unique_key("held"),
-    ];
-    let err = queue
-        .enqueue_many(jobs)
+    let queue = D::connect(&url, D::pool(&url, 2), config)
         .await
-        .expect_err("the role cannot resolve the held key");
-    assert!(!err.is_transient(), "{err}");
-    drop(queue);
+        .expect("the role connects");
+    let enqueue = tokio::spawn(async move {
+        let jobs = vec![
+            NewJob::from_value(json!({ "n": 1 })),
+            NewJob::from_value(json!({ "n": 2 })).unique_key("held"),
+        ];
+        queue.enqueue_many(jobs).await
+    });
+    let waiting = |kind: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let query = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = $1";
+            while sqlx::query_scalar::<_, i64>(query)
+                .bind(kind)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                == 0
+            {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    waiting("advisory").await;
+    let mut locker = db.pool.begin().await.unwrap();
+    let lock = tokio::spawn(async move {
+        sqlx::query("LOCK TABLE queue_jobs IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *locker)
+            .await
+            .unwrap();
+        locker
+    });
+    waiting("relation").await;
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let result = enqueue.await.unwrap();
+    lock.await.unwrap().rollback().await.unwrap();
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(total, 1, "a failed enqueue inserted some of its jobs");
+    match result {
+        Err(err) => assert_eq!(
+            total, 1,
+            "a failed enqueue inserted some of its jobs: {err}"
+        ),
+        Ok(enqueued) => {
+            assert_eq!(total, 2, "{enqueued:?}");
+            assert!(!enqueued[0].duplicate);
+            assert_eq!((enqueued[1].id, enqueued[1].duplicate), (held, true));
+        }
+    }
+    drop(gate);
     db.drop_db().await;
     let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         r#"DROP ROLE IF EXISTS "{role}""#
     )))
     .execute(&admin_pool().await)
     .await;
+}
+
+/// A server error says what the server said (both drivers), with its SQLSTATE, and not the
+/// detail that quotes row values (here the duplicate key's value).
+async fn a_database_error_names_the_servers_message_but_no_row_values<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    let err = queue
+        .query("SELECT 1 / 0", ())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("division by zero"), "{err}");
+    sqlx::raw_sql(
+        "CREATE TABLE secrets (value text PRIMARY KEY); INSERT INTO secrets VALUES ('s3cr3t')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = queue
+        .query("INSERT INTO secrets VALUES ($1)", ("s3cr3t",))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("duplicate key"), "{err}");
+    assert!(!err.contains("s3cr3t"), "{err}");
+    db.drop_db().await;
 }
 
 /// The port of the test server (from `QUEUE_TEST_PG_URL`).
