@@ -13,7 +13,8 @@ use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobId, QueueNam
 pub const STALE_FINALIZE_FENCED: &str = "queue.stale_finalize_fenced";
 /// A heartbeat found the lease already lost; the handler's cancellation token fired (warn).
 pub const LEASE_LOST: &str = "queue.lease_lost";
-/// A job went to `dead`: its lease expired past the reclaim cap (error).
+/// A job went to `dead`: its lease expired past the reclaim cap, or a finalize hook kept failing
+/// (then `queue.hook_gave_up` comes first) (error).
 pub const JOB_DEAD: &str = "queue.job_dead";
 /// A claim took a job over from an expired lease (info).
 pub const JOB_RECLAIMED: &str = "queue.job_reclaimed";
@@ -98,11 +99,12 @@ pub(crate) fn finalized(
             error = %error,
             "{JOB_FAILED}"
         ),
-        Finalize::Dead { .. } => tracing::error!(
+        Finalize::Dead { reason } => tracing::error!(
             name: JOB_DEAD,
             queue = %queue,
             job_id = claim.id.0,
-            "{JOB_DEAD}: lease expired past the reclaim cap; the job is dead"
+            reason = %reason,
+            "{JOB_DEAD}: the job is dead"
         ),
         Finalize::Complete | Finalize::Release | Finalize::Cancel { .. } => {}
     }
@@ -119,12 +121,19 @@ pub(crate) fn finalize_unknown(queue: &QueueName, claim: Claim, action: &Finaliz
     );
 }
 
-pub(crate) fn hook_gave_up(queue: &QueueName, claim: Claim, hook: &str, error: &Error) {
+pub(crate) fn hook_gave_up(
+    queue: &QueueName,
+    claim: Claim,
+    wanted: &Finalize,
+    hook: &str,
+    error: &Error,
+) {
     tracing::error!(
         name: HOOK_GAVE_UP,
         queue = %queue,
         job_id = claim.id.0,
         generation = claim.generation.0,
+        action = wanted.kind(),
         hook,
         error = %error,
         "{HOOK_GAVE_UP}: the job is ended dead without the hooks; its domain side needs an operator"

@@ -29,6 +29,9 @@ struct Faults {
     heartbeats_fail: AtomicBool,
     /// The next outcome write commits, then its reply is lost (a connection error).
     lose_next_reply: AtomicBool,
+    /// With `lose_next_reply`: before the lost reply comes back, another worker claims the job
+    /// the write sent back to `pending`.
+    steal_after_lost_reply: AtomicBool,
     /// Every call waits forever: a database that accepts connections and never answers.
     hang: AtomicBool,
     claim_calls: AtomicU32,
@@ -114,6 +117,10 @@ impl Backend for Faulty {
         self.gate(|f| &f.writes_fail).await?;
         let outcomes = self.inner.finalize_many(items).await?;
         if self.reply_lost() {
+            if self.faults.steal_after_lost_reply.load(Ordering::SeqCst) {
+                let request = ClaimRequest::new(items.len() as u32, Lease::DEFAULT);
+                self.inner.claim(request).await?;
+            }
             return Err(Error::backend(
                 "connection reset after commit (injected)",
                 true,
@@ -223,6 +230,49 @@ async fn a_commit_whose_reply_was_lost_is_not_reported_stale() {
     worker.shutdown().await.unwrap();
     drop(guard);
     assert_eq!((stats.completed, stats.stale, stats.unknown), (1, 0, 0));
+    assert_eq!(captured.count(crate::events::STALE_FINALIZE_FENCED), 0);
+}
+
+/// Fails every run, to be retried at once.
+struct AlwaysRetry;
+
+impl Handler for AlwaysRetry {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+        Err(JobError::retry("try again"))
+    }
+}
+
+/// A retry whose commit reply was lost, after which another worker claimed the job: the row
+/// cannot tell whether this write landed, so the outcome is reported unknown (event
+/// `queue.finalize_unknown`), not applied and not stale.
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_the_row_cannot_confirm_is_reported_unknown() {
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let queue = Faulty::new();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    queue.set(|f| &f.lose_next_reply, true);
+    queue.set(|f| &f.steal_after_lost_reply, true);
+    let config = WorkerConfig {
+        retry: crate::RetryPolicy {
+            base_delay: Duration::ZERO,
+            jitter: false,
+            ..crate::RetryPolicy::default()
+        },
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), AlwaysRetry, config)
+        .unwrap()
+        .start();
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(30), |s| s.unknown == 1)
+        .await
+        .expect("the outcome is reported unknown");
+    worker.shutdown().await.unwrap();
+    drop(guard);
+    assert_eq!((stats.retried, stats.stale), (0, 0));
+    assert_eq!(captured.count(crate::events::FINALIZE_UNKNOWN), 1);
     assert_eq!(captured.count(crate::events::STALE_FINALIZE_FENCED), 0);
 }
 

@@ -8,6 +8,9 @@
 //!   under load, against a local partner server that counts duplicate POSTs) and
 //!   `exchange-worker` (the long-running worker).
 //! * [`webhook`]: a small webhook delivery queue using only the public API.
+//! * [`chaos`]: the exchange's workers as processes, through kills, pauses, killed connections,
+//!   database crashes, a hanging partner and poison payloads, with an audit of every promise
+//!   (binary `exchange-chaos`).
 //!
 //! ```
 //! use queue_examples::exchange::{ExchangeStore, MemExchange};
@@ -22,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod chaos;
 pub mod cli;
 pub mod exchange;
 pub mod webhook;

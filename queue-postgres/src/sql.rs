@@ -187,7 +187,7 @@ mod tests {
         let claim = squash(&queue_jobs(CLAIM));
         for needle in [
             "status = 'pending' AND next_attempt_at <= now()",
-            "lease_expires_at < now() OR (lease_expires_at IS NULL AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3)))",
+            "(lease_expires_at < now() OR lease_expires_at IS NULL) AND (lease_expires_at >= claimed_at OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
             "lease_expires_at = now() + make_interval(secs => $3)",
             "ORDER BY lease_expires_at NULLS FIRST",
             "FOR UPDATE SKIP LOCKED",

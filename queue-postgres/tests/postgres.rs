@@ -34,6 +34,7 @@ per_driver!(
     a_worker_without_listen_finds_work_by_polling,
     a_refused_outcome_costs_only_its_own_job,
     a_claim_from_before_stored_leases_keeps_its_claimers_lease,
+    a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once,
     an_enqueue_that_fails_inserts_nothing,
     a_database_error_names_the_servers_message_but_no_row_values,
 );
@@ -845,6 +846,43 @@ async fn a_claim_from_before_stored_leases_keeps_its_claimers_lease<D: TestDrive
         row.lease_expires_at.is_some(),
         "the new claim stores its lease"
     );
+    db.drop_db().await;
+}
+
+/// During a rolling deploy, a binary from before stored leases may take over a job this one
+/// claimed: it stamps `claimed_at` and leaves the expired `lease_expires_at` behind. That stale
+/// expiry must not make the job look expired while the old binary runs it: the claimer's lease
+/// counts from `claimed_at` instead.
+async fn a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once<
+    D: TestDriver,
+>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    let past_the_lease = Lease::DEFAULT.duration() + Duration::from_secs(1);
+    support::shift_time(&db.pool, "queue_jobs", past_the_lease).await;
+    // The takeover as the binary from before stored leases writes it.
+    sqlx::query(
+        "UPDATE queue_jobs SET claimed_at = now(), claim_generation = claim_generation + 1,
+                attempts = attempts + 1, reclaims = reclaims + 1, updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        queue.claim(req(1)).await.unwrap().jobs.is_empty(),
+        "a live claim of the older binary was taken over"
+    );
+    support::shift_time(&db.pool, "queue_jobs", past_the_lease).await;
+    let taken = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_eq!((taken.id, taken.generation), (id, ClaimGeneration(3)));
     db.drop_db().await;
 }
 

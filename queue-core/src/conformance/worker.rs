@@ -397,4 +397,33 @@ cases! {
         assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "cancel")]);
         assert_eq!(record(b, id).await.status, JobStatus::Cancelled);
     }
+
+    /// A job whose cancel was requested of a holder that then died is not run by the worker
+    /// that takes it over: it ends it cancelled, with the hooks.
+    pub async fn worker_ends_a_taken_over_job_with_a_cancel_request_without_running_it<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        // The first holder claims it, is asked to cancel, and dies before it learns of it.
+        claim(b, 1).await;
+        assert_eq!(b.cancel(id).await.unwrap(), CancelOutcome::Requested);
+        h.advance_clock(lease().duration() + Duration::from_secs(1))
+            .await;
+        let runs = Arc::new(Mutex::new(HashMap::new()));
+        let recorder = Recorder::default();
+        let worker = Worker::new(b.clone(), Flaky(runs.clone()), quick_retries(3))
+            .unwrap()
+            .hook(recorder.clone())
+            .start();
+        let stats = worker
+            .wait_for_timeout(Duration::from_secs(30), |s| s.cancelled == 1)
+            .await
+            .expect("the new holder ends the job cancelled");
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.retried, 0);
+        assert!(runs.lock().unwrap().is_empty(), "the job was run");
+        assert_eq!(*recorder.0.lock().unwrap(), vec![(id, "cancel")]);
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::Cancelled);
+        assert_eq!(rec.last_error.as_deref(), Some(crate::CANCEL_REQUESTED_MESSAGE));
+    }
 }

@@ -23,8 +23,9 @@ pub struct WorkerConfig {
     /// How long an idle worker waits before polling again if no wake-up arrives (default 1 s).
     /// After a full batch it polls again at once.
     pub poll_interval: Duration,
-    /// The claim lease (default [`Lease::DEFAULT`], 90 s). All workers of one queue should use
-    /// the same lease: the claimer's lease decides when a job counts as abandoned.
+    /// The claim lease (default [`Lease::DEFAULT`], 90 s): how long a job this worker claims or
+    /// renews stays its own. It is stored with the claim, so workers of one queue may use
+    /// different leases: each job expires by its holder's.
     pub lease: Lease,
     /// A run longer than this is stopped and counts as a retryable handler error (default 30 s).
     /// Must be at most half the lease, unless the handler [`runs_long`](crate::Handler::runs_long).
@@ -35,11 +36,13 @@ pub struct WorkerConfig {
     /// Retries of handler errors.
     pub retry: RetryPolicy,
     /// At shutdown, how long running jobs may take to finish before their cancellation tokens
-    /// fire (default 20 s; with the 5 s grace that leaves 5 s of a 30 s termination grace period,
-    /// such as Kubernetes' default, for the releases and the last batch of outcomes).
+    /// fire (default 20 s). The whole shutdown ends within `shutdown_timeout + shutdown_grace`
+    /// (25 s by default, under a 30 s termination grace period such as Kubernetes' default),
+    /// whatever the database does.
     pub shutdown_timeout: Duration,
-    /// After the tokens fire, how long handlers get to return before they are aborted and their
-    /// jobs released (default 5 s).
+    /// After the tokens fire, how long the shutdown has left (default 5 s): handlers get it
+    /// less the time kept for the last writes (half of it, at most 2 s), then are aborted and
+    /// their jobs released.
     pub shutdown_grace: Duration,
     /// Write outcomes of jobs without hooks in batches (default true): many fenced writes per
     /// statement instead of one statement per job.

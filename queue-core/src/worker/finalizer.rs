@@ -224,7 +224,11 @@ where
                     tokio::time::sleep(pause).await;
                 }
                 None => match failing_hook {
-                    Some(hook) => return writer.end_dead(job.claim(), &hook, &err, deadline).await,
+                    Some(hook) => {
+                        return writer
+                            .end_dead(job.claim(), &action, &hook, &err, deadline)
+                            .await;
+                    }
                     None => return (action, Written::Failed(err)),
                 },
             }
@@ -262,14 +266,17 @@ impl<B: Backend> Writer<B> {
     async fn end_dead(
         &self,
         claim: Claim,
+        wanted: &Finalize,
         hook: &str,
         error: &Error,
         deadline: Instant,
     ) -> (Finalize, Written) {
-        events::hook_gave_up(self.backend.queue(), claim, hook, error);
+        events::hook_gave_up(self.backend.queue(), claim, wanted, hook, error);
         let dead = Finalize::Dead {
             reason: format!(
-                "finalize hook `{hook}` kept failing; ended dead without the hooks: {error}"
+                "finalize hook `{hook}` kept failing on outcome `{}`; ended dead without the \
+                 hooks: {error}",
+                wanted.kind()
             ),
         };
         let outcome = Outcome {

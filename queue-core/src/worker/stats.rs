@@ -24,7 +24,8 @@ pub struct WorkerStats {
     pub released: u64,
     /// Writes refused by the fence.
     pub stale: u64,
-    /// Jobs ended `dead` at the reclaim cap (applied).
+    /// Jobs ended `dead` (applied): past the reclaim cap, or after a finalize hook kept
+    /// failing.
     pub dead: u64,
     /// Finalizes that failed for good (the job waits for its lease to lapse).
     pub finalize_errors: u64,

@@ -4,6 +4,7 @@
 //! exchange-worker --partner acme=http://partner.example/transmissions [--partner …]
 //!                 [--unresolvable NAME …] [--database-url URL] [--lease-secs 90]
 //!                 [--concurrency 16] [--send-timeout-secs 30] [--max-attempts 5] [--migrate]
+//!                 [--lease-margin-secs 10] [--retry-base-ms 1000] [--poll-ms 1000]
 //! ```
 //! `DATABASE_URL` and `EXCHANGE_PARTNERS` (`name=url,name=url`) work as well as the flags.
 //! SIGTERM or SIGINT starts a graceful drain: no new claims, claimed-but-unstarted sends are
@@ -31,6 +32,9 @@ const FLAGS: &[&str] = &[
     "send-timeout-secs",
     "max-attempts",
     "migrate",
+    "lease-margin-secs",
+    "retry-base-ms",
+    "poll-ms",
     "help",
 ];
 
@@ -64,7 +68,9 @@ async fn main() -> Result<()> {
         let (name, endpoint) = spec
             .split_once('=')
             .with_context(|| format!("partner {spec:?} must look like name=url"))?;
-        let partner = HttpPartner::new(endpoint)?.with_timeout(timeout);
+        let partner = HttpPartner::new(endpoint)?
+            .with_timeout(timeout)
+            .with_user_agent(format!("exchange-worker (pid {})", std::process::id()));
         partners = partners.with(name, partner);
     }
     for name in args.all("unresolvable") {
@@ -74,7 +80,9 @@ async fn main() -> Result<()> {
         lease: Lease::from_secs(args.get("lease-secs", 90u64)?)?,
         concurrency: args.get("concurrency", 16usize)?,
         max_attempts: args.get("max-attempts", 5u32)?,
-        ..ExchangeConfig::default()
+        lease_margin: Duration::from_secs(args.get("lease-margin-secs", 10u64)?),
+        retry_base: Duration::from_millis(args.get("retry-base-ms", 1000u64)?),
+        poll_interval: Duration::from_millis(args.get("poll-ms", 1000u64)?),
     };
     let worker_config = config.worker_config(&partners)?;
 

@@ -24,6 +24,7 @@ pub const SEND_JOB_ID: &str = "x-send-job-id";
 pub struct HttpPartner {
     endpoint: hyper::Uri,
     timeout: Duration,
+    user_agent: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -39,6 +40,7 @@ impl HttpPartner {
         Ok(HttpPartner {
             endpoint,
             timeout: DEFAULT_SEND_TIMEOUT,
+            user_agent: None,
             client,
         })
     }
@@ -49,10 +51,21 @@ impl HttpPartner {
         self
     }
 
+    /// Sends this `User-Agent` (the worker names its process, so the partner's records say
+    /// which process sent what).
+    pub fn with_user_agent(mut self, user_agent: impl Into<String>) -> Self {
+        self.user_agent = Some(user_agent.into());
+        self
+    }
+
     async fn post(&self, transmission: Transmission<'_>) -> Result<(), SendError> {
         let body = serde_json::to_vec(transmission.payload)
             .map_err(|e| SendError::Transport(e.to_string()))?;
-        let request = Request::builder()
+        let mut request = Request::builder();
+        if let Some(agent) = &self.user_agent {
+            request = request.header(hyper::header::USER_AGENT, agent);
+        }
+        let request = request
             .method(Method::POST)
             .uri(self.endpoint.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")

@@ -463,6 +463,10 @@ pub struct ExchangeConfig {
     pub retry_base: Duration,
     /// Poll interval when idle (default 1 s).
     pub poll_interval: Duration,
+    /// What the lease must leave beyond two full send timeouts (default [`LEASE_MARGIN`]):
+    /// the finalize transaction and pool waits. Lower it only where those are known to be
+    /// short (the chaos suite's local runs).
+    pub lease_margin: Duration,
 }
 
 impl Default for ExchangeConfig {
@@ -473,19 +477,21 @@ impl Default for ExchangeConfig {
             max_attempts: 5,
             retry_base: Duration::from_secs(1),
             poll_interval: Duration::from_secs(1),
+            lease_margin: LEASE_MARGIN,
         }
     }
 }
 
 impl ExchangeConfig {
-    /// The worker configuration, refusing a lease below 2 × the largest send timeout + margin.
+    /// The worker configuration, refusing a lease below 2 × the largest send timeout + the
+    /// margin.
     pub fn worker_config(&self, partners: &Partners) -> Result<WorkerConfig, ExchangeError> {
         let largest = partners.largest_send_timeout();
-        if self.lease.duration() < largest * 2 + LEASE_MARGIN {
+        if self.lease.duration() < largest * 2 + self.lease_margin {
             return Err(ExchangeError::LeaseTooShort {
                 lease: self.lease.duration(),
                 largest,
-                margin: LEASE_MARGIN,
+                margin: self.lease_margin,
             });
         }
         Ok(WorkerConfig {
@@ -495,7 +501,7 @@ impl ExchangeConfig {
             poll_interval: self.poll_interval,
             lease: self.lease,
             // The adapter's own timeout fires first; this one catches a stuck adapter.
-            job_timeout: largest + LEASE_MARGIN / 2,
+            job_timeout: largest + self.lease_margin / 2,
             retry: RetryPolicy {
                 max_attempts: self.max_attempts,
                 base_delay: self.retry_base,

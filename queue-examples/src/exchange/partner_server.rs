@@ -1,11 +1,15 @@
-//! A local partner HTTP server that records every POST with its idempotency key: the witness
-//! for "no duplicate send".
+//! A local partner HTTP server that records every POST with its idempotency key, its send job,
+//! claim generation and sender, and when it arrived and was answered: the witness for "no
+//! duplicate send". An observer can hold a POST before it is answered (the chaos suite kills its
+//! sender there), and behaviours can change while it runs.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -18,7 +22,7 @@ use queue_core::CancellationToken;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
-use super::http::IDEMPOTENCY_KEY;
+use super::http::{CLAIM_GENERATION, IDEMPOTENCY_KEY, SEND_JOB_ID};
 
 /// How the partner at `/partners/<name>` answers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,14 +54,53 @@ pub struct KeyRecord {
     pub rejected: u32,
 }
 
+/// One POST as the partner saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostRecord {
+    /// Its place in arrival order, from 0.
+    pub seq: usize,
+    /// The partner's name (from the path).
+    pub partner: String,
+    /// The idempotency key.
+    pub key: Option<String>,
+    /// The send job (diagnostic header).
+    pub job_id: Option<i64>,
+    /// The claim generation of the attempt (diagnostic header).
+    pub generation: Option<i64>,
+    /// The sender's `User-Agent`.
+    pub agent: Option<String>,
+    /// When it arrived.
+    pub arrived: Instant,
+    /// When its answer was ready, and the status: `None` while it is held or being answered.
+    pub answered: Option<(Instant, u16)>,
+}
+
+impl PostRecord {
+    /// Whether it was answered 2xx.
+    pub fn accepted(&self) -> bool {
+        self.answered
+            .is_some_and(|(_, status)| (200..300).contains(&status))
+    }
+}
+
+/// Sees every POST before and after the partner answers it.
+pub trait PostObserver: Send + Sync + 'static {
+    /// A POST arrived (already recorded); its answer waits for the returned future.
+    fn arrived(&self, post: &PostRecord) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// The answer to a POST is ready and about to be written.
+    fn answered(&self, post: &PostRecord);
+}
+
 #[derive(Default)]
 struct Recorded {
     keys: HashMap<String, KeyRecord>,
-    posts: u64,
+    log: Vec<PostRecord>,
 }
 
 struct State {
     recorded: Mutex<Recorded>,
+    behaviors: Mutex<HashMap<String, Behavior>>,
+    observer: Mutex<Option<Arc<dyn PostObserver>>>,
     /// Fired at every POST's arrival.
     arrived: Notify,
     /// Opens the held POSTs ([`Behavior::Held`]).
@@ -79,10 +122,11 @@ impl PartnerServer {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             recorded: Mutex::new(Recorded::default()),
+            behaviors: Mutex::new(behaviors),
+            observer: Mutex::new(None),
             arrived: Notify::new(),
             released: watch::Sender::new(false),
         });
-        let behaviors = Arc::new(behaviors);
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let served = state.clone();
@@ -95,11 +139,21 @@ impl PartnerServer {
                         Err(_) => continue,
                     },
                 };
-                let behaviors = behaviors.clone();
                 let state = served.clone();
                 tokio::spawn(async move {
-                    let service =
-                        service_fn(move |req| answer(req, behaviors.clone(), state.clone()));
+                    // Each POST is answered on a task of its own: like a real partner, it
+                    // carries on (and is recorded) when its sender hangs up or dies.
+                    let service = service_fn(move |req| {
+                        let answering = tokio::spawn(answer(req, state.clone()));
+                        async move {
+                            answering.await.unwrap_or_else(|_| {
+                                Ok(Response::builder()
+                                    .status(StatusCode::INTERNAL_SERVER_ERROR)
+                                    .body(Full::new(Bytes::new()))
+                                    .expect("a static response"))
+                            })
+                        }
+                    });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -125,7 +179,26 @@ impl PartnerServer {
 
     /// POSTs received.
     pub fn posts(&self) -> u64 {
-        self.state.recorded.lock().unwrap().posts
+        self.state.recorded.lock().unwrap().log.len() as u64
+    }
+
+    /// Every POST so far, in arrival order.
+    pub fn log(&self) -> Vec<PostRecord> {
+        self.state.recorded.lock().unwrap().log.clone()
+    }
+
+    /// Changes how partner `name` answers from now on (POSTs already held keep their way).
+    pub fn set_behavior(&self, name: &str, behavior: Behavior) {
+        self.state
+            .behaviors
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), behavior);
+    }
+
+    /// Shows every POST from now on to `observer`.
+    pub fn observe(&self, observer: Arc<dyn PostObserver>) {
+        *self.state.observer.lock().unwrap() = Some(observer);
     }
 
     /// Waits until at least `n` POSTs have arrived.
@@ -164,7 +237,6 @@ impl Drop for PartnerServer {
 
 async fn answer(
     req: Request<Incoming>,
-    behaviors: Arc<HashMap<String, Behavior>>,
     state: Arc<State>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let name = req
@@ -174,52 +246,77 @@ async fn answer(
         .and_then(|rest| rest.split('/').next())
         .unwrap_or_default()
         .to_owned();
-    let key = req
-        .headers()
-        .get(IDEMPOTENCY_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let key = header(IDEMPOTENCY_KEY);
+    let mut post = PostRecord {
+        seq: 0,
+        partner: name.clone(),
+        key: key.clone(),
+        job_id: header(SEND_JOB_ID).and_then(|v| v.parse().ok()),
+        generation: header(CLAIM_GENERATION).and_then(|v| v.parse().ok()),
+        agent: header(hyper::header::USER_AGENT.as_str()),
+        arrived: Instant::now(),
+        answered: None,
+    };
     {
         let mut recorded = state.recorded.lock().unwrap();
-        recorded.posts += 1;
+        post.seq = recorded.log.len();
+        recorded.log.push(post.clone());
         if let Some(key) = &key {
             recorded.keys.entry(key.clone()).or_default().received += 1;
         }
     }
     state.arrived.notify_waiters();
-    let status = match (behaviors.get(&name), &key) {
+    let observer = state.observer.lock().unwrap().clone();
+    if let Some(observer) = &observer {
+        observer.arrived(&post).await;
+    }
+    let behavior = state.behaviors.lock().unwrap().get(&name).copied();
+    let status = match (behavior, &key) {
         (None, _) => StatusCode::NOT_FOUND,
         (Some(_), None) => StatusCode::BAD_REQUEST,
         (Some(Behavior::Always(code)), _) => {
-            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
         }
         (Some(Behavior::Slow(delay)), _) => {
-            tokio::time::sleep(*delay).await;
+            tokio::time::sleep(delay).await;
             StatusCode::CREATED
         }
         (Some(Behavior::Held(code)), _) => {
             let mut released = state.released.subscribe();
             // The sender lives as long as the state this task holds.
             let _ = released.wait_for(|open| *open).await;
-            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
         }
         (Some(Behavior::Flaky { fail_rate, latency }), _) => {
-            tokio::time::sleep(*latency).await;
-            if fastrand::f64() < *fail_rate {
+            tokio::time::sleep(latency).await;
+            if fastrand::f64() < fail_rate {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
                 StatusCode::CREATED
             }
         }
     };
-    if let Some(key) = key {
+    post.answered = Some((Instant::now(), status.as_u16()));
+    {
         let mut recorded = state.recorded.lock().unwrap();
-        let record = recorded.keys.entry(key).or_default();
-        if status.is_success() {
-            record.accepted += 1;
-        } else {
-            record.rejected += 1;
+        recorded.log[post.seq].answered = post.answered;
+        if let Some(key) = key {
+            let record = recorded.keys.entry(key).or_default();
+            if status.is_success() {
+                record.accepted += 1;
+            } else {
+                record.rejected += 1;
+            }
         }
+    }
+    if let Some(observer) = &observer {
+        observer.answered(&post);
     }
     Ok(Response::builder()
         .status(status)

@@ -1,5 +1,5 @@
-//! Test support (feature `testing`): scratch databases and time travel for tests that talk to a
-//! real PostgreSQL, for this workspace's tests and for adopters' own.
+//! Test support (feature `testing`): scratch databases, time travel and clusters of a test's own
+//! for tests that talk to a real PostgreSQL, for this workspace's tests and for adopters' own.
 //!
 //! ```no_run
 //! # async fn t() {
@@ -11,6 +11,10 @@
 //! db.drop_db().await;
 //! # }
 //! ```
+
+mod cluster;
+
+pub use cluster::{ClusterError, StopMode, TempCluster};
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;

@@ -1,0 +1,376 @@
+//! The audit after a chaos scenario: what the database, the outbox, the status log and the
+//! partner's records say, checked against the promise (no job lost or stranded, one outcome
+//! and one event each, no status flip, every duplicate send tied to an injected fault).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+
+use super::faults::{Fault, FaultKind};
+use super::fleet;
+use crate::exchange::partner_server::PostRecord;
+
+/// Installs the status log: every status change of a transaction or a send job, with its old
+/// and new value, so that the audit can count flips out of a terminal status.
+pub(crate) const STATUS_LOG: &str = r#"
+CREATE TABLE chaos_status_log (
+    tbl    text        NOT NULL,
+    id     bigint      NOT NULL,
+    old    text        NOT NULL,
+    new    text        NOT NULL,
+    at     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_log_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status IS DISTINCT FROM NEW.status THEN
+        INSERT INTO chaos_status_log (tbl, id, old, new)
+        VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_status_log AFTER UPDATE ON exchange_transactions
+    FOR EACH ROW EXECUTE FUNCTION chaos_log_status();
+CREATE TRIGGER chaos_status_log AFTER UPDATE ON exchange_send_jobs
+    FOR EACH ROW EXECUTE FUNCTION chaos_log_status();
+"#;
+
+/// The figures of one scenario's audit. Every count but `posts`, `accepted`, the explained
+/// ones and `faults` must be zero.
+#[derive(Debug, Clone, Default)]
+pub struct Audit {
+    /// Transactions the run created (poison ones included).
+    pub transactions: usize,
+    /// Of which planted with a poison payload.
+    pub poison: usize,
+    /// POSTs the partner received.
+    pub posts: usize,
+    /// POSTs it answered 2xx.
+    pub accepted: usize,
+    /// Transactions that ended `success` / `failed`.
+    pub success: usize,
+    /// Transactions that ended `failed`.
+    pub failed: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<FaultKind, usize>,
+    /// Accepted POSTs beyond the first of their key, each tied to a fault or a timeout.
+    pub duplicates_explained: usize,
+    /// Two POSTs of one key at the partner at once, each tied to a fault or a timeout.
+    pub overlaps_explained: usize,
+    /// Created transactions missing from the database, or without a send job.
+    pub lost: usize,
+    /// Transactions still `pending`, send jobs still `pending` or `in_flight`, after the drain.
+    pub stranded: usize,
+    /// Terminal transactions without their event.
+    pub missing_events: usize,
+    /// Events beyond one per transaction.
+    pub double_events: usize,
+    /// Events that contradict their transaction's status (`exchange.sent` on a failed one, or
+    /// the other way round).
+    pub conflicting_events: usize,
+    /// Status changes out of a terminal status (transactions or send jobs).
+    pub flips: usize,
+    /// `success` transactions whose key the partner never accepted.
+    pub unsent_successes: usize,
+    /// `exchange.sent` events staged by an attempt (job, generation) whose POST the partner
+    /// did not accept.
+    pub unbacked_successes: usize,
+    /// POSTs of a key by a send job of another transaction, or of a poison transaction's key.
+    pub foreign_posts: usize,
+    /// Poison transactions that did not end `failed`.
+    pub poison_not_failed: usize,
+    /// Duplicate sends tied to no fault and no timeout.
+    pub unexplained_duplicates: usize,
+    /// Overlapping POSTs of one key tied to no fault and no timeout.
+    pub unexplained_overlaps: usize,
+    /// Workers that did not exit cleanly on SIGTERM at the end.
+    pub unclean_exits: usize,
+}
+
+impl Audit {
+    /// Each broken promise, named with its count.
+    pub fn violations(&self) -> Vec<String> {
+        [
+            ("jobs lost", self.lost),
+            ("rows stranded", self.stranded),
+            (
+                "terminal transactions without their event",
+                self.missing_events,
+            ),
+            ("double events", self.double_events),
+            ("conflicting events", self.conflicting_events),
+            ("status flips", self.flips),
+            (
+                "successes never accepted by the partner",
+                self.unsent_successes,
+            ),
+            (
+                "successes staged by an attempt the partner did not accept",
+                self.unbacked_successes,
+            ),
+            ("POSTs of another transaction's key", self.foreign_posts),
+            ("poison transactions not failed", self.poison_not_failed),
+            (
+                "duplicate sends tied to no fault",
+                self.unexplained_duplicates,
+            ),
+            (
+                "overlapping sends tied to no fault",
+                self.unexplained_overlaps,
+            ),
+            ("workers that did not drain on SIGTERM", self.unclean_exits),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{what}: {n}"))
+        .collect()
+    }
+}
+
+impl fmt::Display for Audit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "transactions={} poison={} success={} failed={} posts={} accepted={} \
+             duplicates={} overlaps={} faults={:?}",
+            self.transactions,
+            self.poison,
+            self.success,
+            self.failed,
+            self.posts,
+            self.accepted,
+            self.duplicates_explained,
+            self.overlaps_explained,
+            self.faults
+        )?;
+        for violation in self.violations() {
+            write!(f, "\n  VIOLATION {violation}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the audit reads besides the database.
+pub(crate) struct Evidence<'a> {
+    pub(crate) created: &'a [i64],
+    pub(crate) poison: &'a [i64],
+    pub(crate) posts: &'a [PostRecord],
+    pub(crate) faults: &'a [Fault],
+    pub(crate) lease: Duration,
+    pub(crate) send_timeout: Duration,
+    pub(crate) unclean_exits: usize,
+}
+
+struct Transaction {
+    key: String,
+    status: String,
+}
+
+/// Audits the scenario's database against the evidence.
+pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audit, sqlx::Error> {
+    let mut audit = Audit {
+        transactions: evidence.created.len() + evidence.poison.len(),
+        poison: evidence.poison.len(),
+        posts: evidence.posts.len(),
+        accepted: evidence.posts.iter().filter(|p| p.accepted()).count(),
+        unclean_exits: evidence.unclean_exits,
+        ..Audit::default()
+    };
+    for fault in evidence.faults {
+        *audit.faults.entry(fault.kind).or_default() += 1;
+    }
+
+    let transactions: HashMap<i64, Transaction> =
+        sqlx::query("SELECT id, correlation_id, status FROM exchange_transactions")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|row| {
+                let tx = Transaction {
+                    key: row.get("correlation_id"),
+                    status: row.get("status"),
+                };
+                (row.get("id"), tx)
+            })
+            .collect();
+    let jobs: Vec<(i64, Option<i64>, String)> =
+        sqlx::query("SELECT id, transaction_id, status FROM exchange_send_jobs")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|row| (row.get("id"), row.get("transaction_id"), row.get("status")))
+            .collect();
+    let events: Vec<(String, i64, i64, i64)> = sqlx::query(
+        "SELECT event_type, transaction_id, send_job_id, claim_generation FROM exchange_outbox",
+    )
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|row| {
+        (
+            row.get("event_type"),
+            row.get("transaction_id"),
+            row.get("send_job_id"),
+            row.get("claim_generation"),
+        )
+    })
+    .collect();
+    audit.flips = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM chaos_status_log WHERE old IN \
+         ('success', 'failed', 'completed', 'dead', 'cancelled')",
+    )
+    .fetch_one(pool)
+    .await? as usize;
+
+    // Lost and stranded.
+    let with_job: HashSet<i64> = jobs.iter().filter_map(|(_, t, _)| *t).collect();
+    audit.lost = evidence
+        .created
+        .iter()
+        .chain(evidence.poison)
+        .filter(|id| !transactions.contains_key(id) || !with_job.contains(id))
+        .count();
+    audit.stranded = transactions
+        .values()
+        .filter(|t| t.status == "pending")
+        .count()
+        + jobs
+            .iter()
+            .filter(|(_, _, status)| status == "pending" || status == "in_flight")
+            .count();
+    audit.success = transactions
+        .values()
+        .filter(|t| t.status == "success")
+        .count();
+    audit.failed = transactions
+        .values()
+        .filter(|t| t.status == "failed")
+        .count();
+
+    // One event per terminal transaction, agreeing with its status.
+    let mut per_transaction: HashMap<i64, Vec<&str>> = HashMap::new();
+    for (event_type, transaction, _, _) in &events {
+        per_transaction
+            .entry(*transaction)
+            .or_default()
+            .push(event_type);
+    }
+    for (id, tx) in &transactions {
+        let staged = per_transaction.get(id).map_or(&[][..], Vec::as_slice);
+        let wanted = match tx.status.as_str() {
+            "success" => "exchange.sent",
+            "failed" => "exchange.failed",
+            _ => continue,
+        };
+        if staged.is_empty() {
+            audit.missing_events += 1;
+        }
+        audit.double_events += staged.len().saturating_sub(1);
+        audit.conflicting_events += staged.iter().filter(|e| **e != wanted).count();
+    }
+
+    // What the partner accepted, against what the outbox says was sent.
+    let accepted_keys: HashSet<&str> = evidence
+        .posts
+        .iter()
+        .filter(|p| p.accepted())
+        .filter_map(|p| p.key.as_deref())
+        .collect();
+    audit.unsent_successes = transactions
+        .values()
+        .filter(|t| t.status == "success" && !accepted_keys.contains(t.key.as_str()))
+        .count();
+    let accepted_attempts: HashSet<(i64, i64)> = evidence
+        .posts
+        .iter()
+        .filter(|p| p.accepted())
+        .filter_map(|p| Some((p.job_id?, p.generation?)))
+        .collect();
+    audit.unbacked_successes = events
+        .iter()
+        .filter(|(event_type, _, job, generation)| {
+            event_type == "exchange.sent" && !accepted_attempts.contains(&(*job, *generation))
+        })
+        .count();
+    let job_owner: HashMap<i64, i64> = jobs
+        .iter()
+        .filter_map(|(job, owner, _)| Some((*job, (*owner)?)))
+        .collect();
+    let poison: HashSet<i64> = evidence.poison.iter().copied().collect();
+    audit.foreign_posts = evidence
+        .posts
+        .iter()
+        .filter(|post| {
+            let owner = post.job_id.and_then(|job| job_owner.get(&job));
+            match (owner, &post.key) {
+                (Some(owner), Some(key)) => {
+                    poison.contains(owner) || transactions.get(owner).is_none_or(|t| &t.key != key)
+                }
+                _ => true,
+            }
+        })
+        .count();
+    audit.poison_not_failed = evidence
+        .poison
+        .iter()
+        .filter(|id| transactions.get(id).is_none_or(|t| t.status != "failed"))
+        .count();
+
+    // Duplicates and overlaps, each tied to a fault or a timeout.
+    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
+    for post in evidence.posts {
+        if let Some(key) = post.key.as_deref() {
+            by_key.entry(key).or_default().push(post);
+        }
+    }
+    let explains = |a: &PostRecord, b: &PostRecord| explained(a, b, evidence);
+    for posts in by_key.values_mut() {
+        posts.sort_by_key(|p| p.arrived);
+        let accepted: Vec<&&PostRecord> = posts.iter().filter(|p| p.accepted()).collect();
+        for later in accepted.iter().skip(1) {
+            if explains(accepted[0], later) {
+                audit.duplicates_explained += 1;
+            } else {
+                audit.unexplained_duplicates += 1;
+            }
+        }
+        for (i, earlier) in posts.iter().enumerate() {
+            for later in &posts[i + 1..] {
+                let overlapping = earlier
+                    .answered
+                    .is_none_or(|(answered, _)| later.arrived < answered);
+                if !overlapping {
+                    continue;
+                }
+                if explains(earlier, later) {
+                    audit.overlaps_explained += 1;
+                } else {
+                    audit.unexplained_overlaps += 1;
+                }
+            }
+        }
+    }
+    Ok(audit)
+}
+
+/// Whether a second POST `b` of the key `a` carried is tied to an injected fault: `a` was
+/// answered only after the send timeout (the worker gave up on it), or a fault hit either
+/// sender (or everything) between a lease before `a` arrived and `b`'s arrival.
+fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
+    let timed_out = a
+        .answered
+        .is_none_or(|(answered, _)| answered - a.arrived >= evidence.send_timeout);
+    if timed_out {
+        return true;
+    }
+    let senders = [
+        fleet::sender_pid(a.agent.as_deref()),
+        fleet::sender_pid(b.agent.as_deref()),
+    ];
+    let from = a.arrived.checked_sub(evidence.lease).unwrap_or(a.arrived);
+    evidence.faults.iter().any(|fault| {
+        let touches = fault.pid.is_none() || senders.contains(&fault.pid);
+        touches && fault.start <= b.arrived && fault.end >= from
+    })
+}

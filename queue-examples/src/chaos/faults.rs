@@ -1,0 +1,256 @@
+//! The faults a chaos run injects, and the log that ties every duplicate send to one of them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use queue_core::CancellationToken;
+use queue_postgres::testing::{StopMode, TempCluster};
+use sqlx::PgPool;
+
+use super::fleet::{self, Fleet};
+use super::{ChaosConfig, ChaosError, Scenario};
+use crate::exchange::partner_server::{Behavior, PartnerServer, PostObserver, PostRecord};
+
+/// What was done to the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// `kill -9` of a worker at a random moment (claiming, before, during or after a send,
+    /// finalizing).
+    Kill,
+    /// `kill -9` of the worker whose POST the partner holds, before it answers.
+    KillDuringSend,
+    /// `kill -9` of the worker a moment after the partner answered its POST.
+    KillAfterSend,
+    /// `SIGSTOP` of a worker past its lease, then `SIGCONT`.
+    Stop,
+    /// `pg_terminate_backend` of every worker connection.
+    TerminateConnections,
+    /// The PostgreSQL server crashed (`pg_ctl stop -m immediate`) and started again.
+    RestartDatabase,
+    /// The partner answered every POST after three send timeouts.
+    PartnerHang,
+}
+
+impl FaultKind {
+    /// A short name for reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill -9",
+            FaultKind::KillDuringSend => "kill -9 during send",
+            FaultKind::KillAfterSend => "kill -9 after send",
+            FaultKind::Stop => "SIGSTOP past lease",
+            FaultKind::TerminateConnections => "pg_terminate_backend",
+            FaultKind::RestartDatabase => "PostgreSQL crash restart",
+            FaultKind::PartnerHang => "partner hang",
+        }
+    }
+}
+
+/// One injected fault: on one worker process, or on everything (`pid` `None`), over a span.
+#[derive(Debug, Clone, Copy)]
+pub struct Fault {
+    /// What.
+    pub kind: FaultKind,
+    /// The worker it hit; `None` for the database or the partner.
+    pub pid: Option<u32>,
+    /// When it began.
+    pub start: Instant,
+    /// When it ended (a kill: the same instant).
+    pub end: Instant,
+}
+
+/// The faults injected so far.
+#[derive(Clone, Default)]
+pub(crate) struct FaultLog(Arc<Mutex<Vec<Fault>>>);
+
+impl FaultLog {
+    pub(crate) fn push(&self, kind: FaultKind, pid: Option<u32>, start: Instant) {
+        self.0.lock().unwrap().push(Fault {
+            kind,
+            pid,
+            start,
+            end: Instant::now(),
+        });
+    }
+
+    pub(crate) fn all(&self) -> Vec<Fault> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Kills the sender of a POST while the partner holds it, or just after it answered: the kills
+/// a random timer would rarely land.
+pub(crate) struct KillAtPartner {
+    log: FaultLog,
+    budget: AtomicUsize,
+    /// The chance that a POST costs its sender its life, before or after the answer.
+    chance: f64,
+}
+
+impl KillAtPartner {
+    pub(crate) fn new(log: FaultLog, budget: usize, chance: f64) -> KillAtPartner {
+        KillAtPartner {
+            log,
+            budget: AtomicUsize::new(budget),
+            chance,
+        }
+    }
+
+    /// Whether to kill this time: by chance, while the budget lasts.
+    fn draw(&self) -> bool {
+        fastrand::f64() < self.chance
+            && self
+                .budget
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok()
+    }
+}
+
+impl PostObserver for KillAtPartner {
+    fn arrived(&self, post: &PostRecord) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
+            && fastrand::bool()
+            && self.draw()
+        {
+            let start = Instant::now();
+            fleet::send(pid, Signal::SIGKILL);
+            self.log.push(FaultKind::KillDuringSend, Some(pid), start);
+        }
+        Box::pin(std::future::ready(()))
+    }
+
+    fn answered(&self, post: &PostRecord) {
+        if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
+            && self.draw()
+        {
+            let log = self.log.clone();
+            tokio::spawn(async move {
+                // Within a few milliseconds: while the worker reads the answer or writes the
+                // outcome.
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..20))).await;
+                let start = Instant::now();
+                fleet::send(pid, Signal::SIGKILL);
+                log.push(FaultKind::KillAfterSend, Some(pid), start);
+            });
+        }
+    }
+}
+
+/// What the fault loops act on.
+pub(crate) struct Targets<'a> {
+    pub(crate) config: &'a ChaosConfig,
+    pub(crate) fleet: &'a Mutex<Fleet>,
+    pub(crate) cluster: &'a Arc<TempCluster>,
+    pub(crate) admin: &'a PgPool,
+    pub(crate) database: &'a str,
+    pub(crate) partner: &'a PartnerServer,
+    pub(crate) log: &'a FaultLog,
+}
+
+/// A pause of between `low` and `high` between two faults: pacing, not synchronisation.
+async fn pause(low: Duration, high: Duration) {
+    let span = high.saturating_sub(low).as_millis() as u64;
+    tokio::time::sleep(low + Duration::from_millis(fastrand::u64(0..=span))).await;
+}
+
+/// Injects the faults of `scenario`, `config.rounds` of each kind, until done or `stop`.
+pub(crate) async fn inject(
+    scenario: Scenario,
+    targets: &Targets<'_>,
+    stop: &CancellationToken,
+) -> Result<(), ChaosError> {
+    let rounds = targets.config.rounds;
+    let kinds: &[Scenario] = match scenario {
+        Scenario::All => &[
+            Scenario::Kill,
+            Scenario::Stop,
+            Scenario::Terminate,
+            Scenario::Restart,
+            Scenario::Hang,
+        ],
+        Scenario::Poison => &[],
+        _ => std::slice::from_ref(&scenario),
+    };
+    let loops = kinds.iter().map(|kind| async move {
+        for _ in 0..rounds {
+            if stop.is_cancelled() {
+                break;
+            }
+            one(*kind, targets).await?;
+        }
+        Ok::<(), ChaosError>(())
+    });
+    futures_util::future::try_join_all(loops).await?;
+    Ok(())
+}
+
+/// One fault of `kind`.
+async fn one(kind: Scenario, t: &Targets<'_>) -> Result<(), ChaosError> {
+    let lease = t.config.lease;
+    match kind {
+        Scenario::Kill => {
+            pause(Duration::from_millis(200), Duration::from_millis(1200)).await;
+            let victim = t.fleet.lock().unwrap().any();
+            if let Some(pid) = victim {
+                let start = Instant::now();
+                fleet::send(pid, Signal::SIGKILL);
+                t.log.push(FaultKind::Kill, Some(pid), start);
+            }
+        }
+        Scenario::Stop => {
+            pause(Duration::from_millis(200), Duration::from_millis(1000)).await;
+            let victim = t.fleet.lock().unwrap().any();
+            if let Some(pid) = victim {
+                let start = Instant::now();
+                fleet::send(pid, Signal::SIGSTOP);
+                tokio::time::sleep(lease + Duration::from_millis(fastrand::u64(500..1500))).await;
+                fleet::send(pid, Signal::SIGCONT);
+                t.log.push(FaultKind::Stop, Some(pid), start);
+            }
+        }
+        Scenario::Terminate => {
+            pause(Duration::from_millis(300), Duration::from_millis(900)).await;
+            let start = Instant::now();
+            sqlx::query(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = $1 AND application_name <> $2 AND pid <> pg_backend_pid()",
+            )
+            .bind(t.database)
+            .bind(super::HARNESS)
+            .execute(t.admin)
+            .await?;
+            t.log.push(FaultKind::TerminateConnections, None, start);
+        }
+        Scenario::Restart => {
+            pause(Duration::from_millis(1000), Duration::from_millis(2500)).await;
+            let start = Instant::now();
+            let cluster = t.cluster.clone();
+            tokio::task::spawn_blocking(move || cluster.stop(StopMode::Immediate)).await??;
+            // Down for a moment, as a crashed server is before it comes back.
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1500))).await;
+            let cluster = t.cluster.clone();
+            tokio::task::spawn_blocking(move || cluster.restart()).await??;
+            t.log.push(FaultKind::RestartDatabase, None, start);
+        }
+        Scenario::Hang => {
+            pause(Duration::from_millis(300), Duration::from_millis(1000)).await;
+            let start = Instant::now();
+            let hang = t.config.send_timeout * 3;
+            t.partner.set_behavior(super::PARTNER, Behavior::Slow(hang));
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(1000..2500))).await;
+            t.partner
+                .set_behavior(super::PARTNER, t.config.partner_behavior());
+            // The POSTs it held answer up to one hang later.
+            tokio::time::sleep(hang).await;
+            t.log.push(FaultKind::PartnerHang, None, start);
+        }
+        Scenario::Poison | Scenario::All => {}
+    }
+    Ok(())
+}

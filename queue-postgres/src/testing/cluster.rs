@@ -1,0 +1,270 @@
+//! A PostgreSQL cluster of a test's own, for tests that stop, crash or restart the server: they
+//! must never touch the shared server the other tests use.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Why a [`TempCluster`] could not be made or driven.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// No PostgreSQL server binaries were found.
+    #[error(
+        "no PostgreSQL server binaries (initdb, pg_ctl) found: install the server package \
+         (postgresql-15) or set QUEUE_TEST_PG_BIN to their directory"
+    )]
+    NoBinaries,
+    /// A command could not be started.
+    #[error("{command}: {source}")]
+    Spawn {
+        /// The command.
+        command: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A command failed.
+    #[error("{command} failed ({status}): {stderr}")]
+    Failed {
+        /// The command.
+        command: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// No free port, or the temporary directory could not be made.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How [`TempCluster::stop`] stops the server (`pg_ctl stop -m …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Ends sessions, checkpoints, exits: a planned restart.
+    Fast,
+    /// Exits at once without a checkpoint, as a crash would; the next start replays the WAL.
+    Immediate,
+}
+
+/// A throw-away PostgreSQL cluster: `initdb` in a temporary directory, started by `pg_ctl` on a
+/// free port of 127.0.0.1 with trust authentication for the user `postgres`. Stopped and
+/// removed when dropped. When the test runs as root, the server runs as the `postgres` user
+/// (PostgreSQL refuses root).
+///
+/// ```no_run
+/// # fn t() -> Result<(), queue_postgres::testing::ClusterError> {
+/// use queue_postgres::testing::{StopMode, TempCluster};
+/// let cluster = TempCluster::start()?;
+/// let url = cluster.url("postgres"); // postgres://postgres@127.0.0.1:<port>/postgres
+/// cluster.stop(StopMode::Immediate)?; // a crash
+/// cluster.restart()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct TempCluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl TempCluster {
+    /// Creates and starts a cluster (a few seconds).
+    pub fn start() -> Result<TempCluster, ClusterError> {
+        let bin = server_binaries().ok_or(ClusterError::NoBinaries)?;
+        let as_postgres = running_as_root();
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "queue-cluster-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        // A directory left by a crashed run of a process with the same id is not ours to keep.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let cluster = TempCluster {
+            bin,
+            dir,
+            port,
+            as_postgres,
+        };
+        if as_postgres {
+            run(Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&cluster.dir))?;
+        }
+        let data = cluster.data_dir();
+        run(cluster.tool("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]))?;
+        cluster.restart()?;
+        Ok(cluster)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of database `database`, as the user `postgres`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Stops the server; connections to it break.
+    pub fn stop(&self, mode: StopMode) -> Result<(), ClusterError> {
+        let mode = match mode {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        };
+        run(self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["stop", "-w", "-m", mode]))
+        .map(drop)
+    }
+
+    /// Starts the server (again), waiting until it accepts connections; stops it first if it
+    /// runs.
+    pub fn restart(&self) -> Result<(), ClusterError> {
+        // Durability across a crash of the server needs no fsync (the kernel keeps the WAL);
+        // it is the machine that would have to crash to lose it.
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c full_page_writes=off \
+             -c max_connections=300",
+            self.port,
+            self.dir.display()
+        );
+        run(self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .arg("-l")
+            .arg(self.log_file())
+            .args(["-o", &options, "-w", "-t", "60", "restart"]))
+        .map(drop)
+    }
+
+    /// The server's log file.
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn tool(&self, name: &str) -> Command {
+        let path = self.bin.join(name);
+        if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(path);
+            command
+        } else {
+            Command::new(path)
+        }
+    }
+}
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        let _ = self.stop(StopMode::Immediate);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The directory of `initdb` and `pg_ctl`: `QUEUE_TEST_PG_BIN`, `pg_config --bindir`, or the
+/// newest `/usr/lib/postgresql/<version>/bin`.
+fn server_binaries() -> Option<PathBuf> {
+    let has_tools = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Some(dir) = std::env::var_os("QUEUE_TEST_PG_BIN").map(PathBuf::from) {
+        return has_tools(&dir).then_some(dir);
+    }
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    if let Some(dir) = from_pg_config.filter(|dir| has_tools(dir)) {
+        return Some(dir);
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|dir| has_tools(dir))
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// A port nobody listens on now (the server binds it a moment later).
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+fn run(command: &mut Command) -> Result<Output, ClusterError> {
+    let name = format!("{command:?}");
+    let output = command.output().map_err(|source| ClusterError::Spawn {
+        command: name.clone(),
+        source,
+    })?;
+    if output.status.success() {
+        Ok(output)
+    } else {
+        Err(ClusterError::Failed {
+            command: name,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cluster comes up, survives a crash with its committed data, and is gone when dropped.
+    #[tokio::test]
+    async fn a_cluster_of_its_own_survives_a_crash_and_goes_away() {
+        use sqlx::Connection;
+        let cluster = TempCluster::start().expect("a cluster of the test's own");
+        assert_ne!(cluster.port(), 5432);
+        let url = cluster.url("postgres");
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql("CREATE TABLE kept (n int); INSERT INTO kept VALUES (7)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        cluster.stop(StopMode::Immediate).unwrap();
+        let broken = sqlx::query("SELECT 1").execute(&mut conn).await;
+        assert!(broken.is_err(), "the server was stopped");
+        cluster.restart().unwrap();
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        let kept: i32 = sqlx::query_scalar("SELECT n FROM kept")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(kept, 7);
+        drop(conn);
+        let dir = cluster.dir.clone();
+        drop(cluster);
+        assert!(!dir.exists());
+    }
+}
