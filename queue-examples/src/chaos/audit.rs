@@ -54,6 +54,8 @@ pub struct Audit {
     pub failed: usize,
     /// Faults injected, by kind.
     pub faults: BTreeMap<FaultKind, usize>,
+    /// Send jobs taken over from an expired lease at least once (the faults that bit).
+    pub taken_over: usize,
     /// Accepted POSTs beyond the first of their key, each tied to a fault or a timeout.
     pub duplicates_explained: usize,
     /// Two POSTs of one key at the partner at once, each tied to a fault or a timeout.
@@ -132,12 +134,13 @@ impl fmt::Display for Audit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "transactions={} poison={} success={} failed={} posts={} accepted={} \
+            "transactions={} poison={} success={} failed={} taken_over={} posts={} accepted={} \
              duplicates={} overlaps={} faults={:?}",
             self.transactions,
             self.poison,
             self.success,
             self.failed,
+            self.taken_over,
             self.posts,
             self.accepted,
             self.duplicates_explained,
@@ -216,6 +219,10 @@ pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audi
         )
     })
     .collect();
+    audit.taken_over =
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM exchange_send_jobs WHERE reclaims > 0")
+            .fetch_one(pool)
+            .await? as usize;
     audit.flips = sqlx::query_scalar::<_, i64>(
         "SELECT count(*) FROM chaos_status_log WHERE old IN \
          ('success', 'failed', 'completed', 'dead', 'cancelled')",

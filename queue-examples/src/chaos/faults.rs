@@ -27,6 +27,8 @@ pub enum FaultKind {
     KillAfterSend,
     /// `SIGSTOP` of a worker past its lease, then `SIGCONT`.
     Stop,
+    /// `SIGSTOP` of the worker whose POST the partner holds, past its lease, then `SIGCONT`.
+    StopDuringSend,
     /// `pg_terminate_backend` of every worker connection.
     TerminateConnections,
     /// The PostgreSQL server crashed (`pg_ctl stop -m immediate`) and started again.
@@ -43,6 +45,7 @@ impl FaultKind {
             FaultKind::KillDuringSend => "kill -9 during send",
             FaultKind::KillAfterSend => "kill -9 after send",
             FaultKind::Stop => "SIGSTOP past lease",
+            FaultKind::StopDuringSend => "SIGSTOP past lease during send",
             FaultKind::TerminateConnections => "pg_terminate_backend",
             FaultKind::RestartDatabase => "PostgreSQL crash restart",
             FaultKind::PartnerHang => "partner hang",
@@ -82,25 +85,44 @@ impl FaultLog {
     }
 }
 
-/// Kills the sender of a POST while the partner holds it, or just after it answered: the kills
-/// a random timer would rarely land.
-pub(crate) struct KillAtPartner {
+/// Strikes the sender of a POST while the partner holds it (and, for kills, just after it
+/// answered): the moments a random timer would rarely hit, and the one the incident this
+/// framework was built for came from (a worker paused mid-send, its job sent again).
+pub(crate) struct AtPartner {
     log: FaultLog,
     budget: AtomicUsize,
-    /// The chance that a POST costs its sender its life, before or after the answer.
+    /// The chance that a POST costs its sender.
     chance: f64,
+    /// Kill the sender; otherwise pause it past the lease.
+    kill: bool,
+    /// How long a pause lasts (the lease and a margin).
+    pause: Duration,
 }
 
-impl KillAtPartner {
-    pub(crate) fn new(log: FaultLog, budget: usize, chance: f64) -> KillAtPartner {
-        KillAtPartner {
+impl AtPartner {
+    /// Kills senders, before or after the answer.
+    pub(crate) fn kill(log: FaultLog, budget: usize, chance: f64) -> AtPartner {
+        AtPartner {
             log,
             budget: AtomicUsize::new(budget),
             chance,
+            kill: true,
+            pause: Duration::ZERO,
         }
     }
 
-    /// Whether to kill this time: by chance, while the budget lasts.
+    /// Pauses senders for `lease` and a bit more, their POST held until they stop.
+    pub(crate) fn stop(log: FaultLog, budget: usize, chance: f64, lease: Duration) -> AtPartner {
+        AtPartner {
+            log,
+            budget: AtomicUsize::new(budget),
+            chance,
+            kill: false,
+            pause: lease,
+        }
+    }
+
+    /// Whether to strike this time: by chance, while the budget lasts.
     fn draw(&self) -> bool {
         fastrand::f64() < self.chance
             && self
@@ -112,20 +134,34 @@ impl KillAtPartner {
     }
 }
 
-impl PostObserver for KillAtPartner {
+impl PostObserver for AtPartner {
     fn arrived(&self, post: &PostRecord) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
-            && fastrand::bool()
-            && self.draw()
-        {
+        let Some(pid) = fleet::sender_pid(post.agent.as_deref()) else {
+            return Box::pin(std::future::ready(()));
+        };
+        if self.kill {
+            if fastrand::bool() && self.draw() {
+                let start = Instant::now();
+                fleet::send(pid, Signal::SIGKILL);
+                self.log.push(FaultKind::KillDuringSend, Some(pid), start);
+            }
+        } else if self.draw() {
             let start = Instant::now();
-            fleet::send(pid, Signal::SIGKILL);
-            self.log.push(FaultKind::KillDuringSend, Some(pid), start);
+            fleet::send(pid, Signal::SIGSTOP);
+            let (log, pause) = (self.log.clone(), self.pause);
+            tokio::spawn(async move {
+                tokio::time::sleep(pause + Duration::from_millis(fastrand::u64(500..1500))).await;
+                fleet::send(pid, Signal::SIGCONT);
+                log.push(FaultKind::StopDuringSend, Some(pid), start);
+            });
         }
         Box::pin(std::future::ready(()))
     }
 
     fn answered(&self, post: &PostRecord) {
+        if !self.kill {
+            return;
+        }
         if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
             && self.draw()
         {

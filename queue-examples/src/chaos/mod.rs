@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use queue_core::CancellationToken;
 use queue_postgres::testing::{ClusterError, TempCluster};
+use queue_postgres::{PgQueueConfig, PostgresQueue, Sqlx};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
@@ -31,7 +32,7 @@ pub use faults::{Fault, FaultKind};
 
 use crate::exchange::partner_server::{Behavior, PartnerServer};
 use crate::exchange::{ExchangeError, ExchangeStore, PgExchange};
-use faults::{FaultLog, KillAtPartner, Targets};
+use faults::{AtPartner, FaultLog, Targets};
 use fleet::Fleet;
 
 /// The harness's own connections (`application_name`), spared by `pg_terminate_backend`.
@@ -259,11 +260,12 @@ impl fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "| scenario | faults injected | transactions (poison) | success / failed | POSTs \
-             (2xx) | duplicate sends (all tied to a fault) | overlapping sends | lost | \
-             stranded | event errors | flips | other violations | seconds |"
+            "| scenario | faults injected | transactions (poison) | success / failed | jobs \
+             taken over | POSTs (2xx) | duplicate sends (unexplained) | overlapping sends \
+             (unexplained) | lost | stranded | event errors | flips | other violations | \
+             seconds |"
         )?;
-        writeln!(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+        writeln!(f, "|{}", "---|".repeat(14))?;
         for s in &self.scenarios {
             let a = &s.audit;
             let faults = a
@@ -276,13 +278,11 @@ impl fmt::Display for ChaosReport {
                 + a.unbacked_successes
                 + a.foreign_posts
                 + a.poison_not_failed
-                + a.unexplained_duplicates
-                + a.unexplained_overlaps
                 + a.unclean_exits;
             writeln!(
                 f,
-                "| {} | {} | {} ({}) | {} / {} | {} ({}) | {} ({} unexplained) | {} ({} \
-                 unexplained) | {} | {} | {} | {} | {} | {:.1} |",
+                "| {} | {} | {} ({}) | {} / {} | {} | {} ({}) | {} ({}) | {} ({}) | {} | {} | {} \
+                 | {} | {} | {:.1} |",
                 s.scenario.as_str(),
                 if faults.is_empty() {
                     "none".into()
@@ -293,6 +293,7 @@ impl fmt::Display for ChaosReport {
                 a.poison,
                 a.success,
                 a.failed,
+                a.taken_over,
                 a.posts,
                 a.accepted,
                 a.duplicates_explained + a.unexplained_duplicates,
@@ -358,7 +359,21 @@ async fn run_scenario(
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(harness_options(&url)?)
         .await?;
-    let store = PgExchange::migrate_and_connect(pool.clone()).await?;
+    crate::exchange::MIGRATOR
+        .run(&pool)
+        .await
+        .map_err(queue_postgres::PgError::from)
+        .map_err(ExchangeError::from)?;
+    // The harness only creates transactions: no LISTEN connection of its own.
+    let queue_config = PgQueueConfig {
+        listen: false,
+        ..crate::exchange::send_queue_config()?
+    };
+    let store = PgExchange::from_queue(
+        PostgresQueue::<Sqlx>::connect(pool.clone(), queue_config)
+            .await
+            .map_err(ExchangeError::from)?,
+    );
     sqlx::raw_sql(audit::STATUS_LOG).execute(&pool).await?;
 
     let partner = PartnerServer::start(
@@ -368,12 +383,28 @@ async fn run_scenario(
     )
     .await?;
     let log = FaultLog::default();
-    if matches!(scenario, Scenario::Kill | Scenario::All) {
-        partner.observe(Arc::new(KillAtPartner::new(
+    // Strikes at the partner: kills in `kill`, pauses in `stop`, one or the other in `all`.
+    let at_partner = match scenario {
+        Scenario::Kill => Some(AtPartner::kill(log.clone(), config.rounds * 2, 0.02)),
+        Scenario::Stop => Some(AtPartner::stop(
             log.clone(),
-            config.rounds * 2,
+            config.rounds,
             0.02,
-        )));
+            config.lease,
+        )),
+        Scenario::All if fastrand::bool() => {
+            Some(AtPartner::kill(log.clone(), config.rounds * 2, 0.02))
+        }
+        Scenario::All => Some(AtPartner::stop(
+            log.clone(),
+            config.rounds,
+            0.02,
+            config.lease,
+        )),
+        _ => None,
+    };
+    if let Some(observer) = at_partner {
+        partner.observe(Arc::new(observer));
     }
     let logs = std::env::temp_dir().join(format!("{database}-logs"));
     std::fs::create_dir_all(&logs)?;
