@@ -27,6 +27,8 @@ struct Faults {
     writes_fail: AtomicBool,
     /// Heartbeats (`extend_lease`) fail with a connection error.
     heartbeats_fail: AtomicBool,
+    /// Heartbeats (`extend_lease`) wait forever: a row lock never released, a black hole.
+    heartbeats_hang: AtomicBool,
     /// The next outcome write commits, then its reply is lost (a connection error).
     lose_next_reply: AtomicBool,
     /// With `lose_next_reply`: before the lost reply comes back, another worker claims the job
@@ -130,6 +132,9 @@ impl Backend for Faulty {
     }
 
     async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<Heartbeat> {
+        if self.faults.heartbeats_hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.gate(|f| &f.heartbeats_fail).await?;
         self.inner.extend_lease(claim, lease).await
     }
@@ -391,6 +396,55 @@ async fn a_prefetched_long_job_taken_over_while_buffered_never_starts() {
         (row.status, row.claim_generation.0),
         (JobStatus::InFlight, 2)
     );
+}
+
+/// The renewal before a prefetched long job starts that never answers (a row lock held by an
+/// open transaction, a black hole) holds that job's slot for a sixth of the lease, then the job
+/// is given back; it never holds the dispatcher, and shutdown keeps its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_before_start_that_never_answers_holds_up_nothing() {
+    let queue = Faulty::new();
+    for n in 0..2 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let handler = LongGated {
+        started: started.clone(),
+        open: open.clone(),
+    };
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: 1,
+        max_batch: 2,
+        lease: Lease::from_secs(60).unwrap(),
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let bound = config.shutdown_timeout + config.shutdown_grace;
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    started.notified().await;
+    assert_eq!(worker.stats().claimed, 2, "one running, one buffered");
+    // The buffered job's lease runs down by a third; then its renewal will hang.
+    queue.set(|f| &f.heartbeats_hang, true);
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    open.notify_one();
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(60), |s| {
+            s.completed == 1 && s.released == 1
+        })
+        .await
+        .expect("the first completes and the second is given back after its renewal hung");
+    // Given back, it was claimed again (a fresh lease needs no renewal) and runs.
+    assert_eq!(stats.claimed, 3, "{stats:?}");
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(bound * 2, worker.shutdown())
+        .await
+        .expect("shutdown keeps its deadline")
+        .unwrap();
+    assert!(began.elapsed() <= bound, "{:?}", began.elapsed());
 }
 
 /// While claims fail, the worker backs off (doubling to 30 s) and says so once; it says once

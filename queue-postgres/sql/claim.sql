@@ -3,19 +3,20 @@
 -- Parameters: $1 queue; $2 batch size; $3 lease in seconds; $4 reclaim cap.
 --
 -- Takes due pending jobs, and in-flight jobs whose lease expired, in next_attempt_at then
--- priority order. A job's lease is its own, stored with its claim (lease_expires_at, set with
--- claimed_at by the claim and every heartbeat), never the claimer's. A row whose stored expiry
--- is missing or older than its claimed_at was claimed or renewed by a binary from before stored
--- leases: it counts the claimer's lease ($3) from claimed_at instead, and a row with neither
--- (what a pre-lease release stranded) is taken at once. Each predicate is its own ordered,
+-- priority order. A job's lease is its own, stored with its claim (lease_expires_at, and
+-- lease_generation: the claim it belongs to), never the claimer's. A row whose stored expiry is
+-- missing or belongs to another claim was claimed by a binary from before stored leases: it
+-- counts the claimer's lease ($3) from claimed_at instead (which that binary's heartbeats move
+-- on), and a row with neither (what a pre-lease release stranded) is taken at once. Each predicate is its own ordered,
 -- index-backed FOR UPDATE SKIP LOCKED pick, so the cost stays flat however large the backlog;
 -- PostgreSQL refuses FOR UPDATE under UNION, hence two materialized CTEs merged afterwards.
 --
 -- Every claimed row gets status in_flight, attempts + 1, claimed_at = now(), lease_expires_at =
--- now() + $3 and claim_generation + 1 (the fence token). A takeover also counts a reclaim, and
--- one past the reclaim cap comes back flagged over_reclaim_cap (its holder ends it dead through
--- finalize.sql, with the hooks); a job whose cancel an operator requested comes back flagged
--- cancel_requested (its holder ends it cancelled). Rows come back in claim order.
+-- now() + $3, and claim_generation + 1 (the fence token) with lease_generation equal to it. A
+-- takeover also counts a reclaim, and one past the reclaim cap comes back flagged
+-- over_reclaim_cap (its holder ends it dead through finalize.sql, with the hooks); a job whose
+-- cancel an operator requested comes back flagged cancel_requested (its holder ends it
+-- cancelled). Rows come back in claim order.
 WITH due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
     FROM "{{table}}"
@@ -29,7 +30,7 @@ expired AS MATERIALIZED (
     FROM "{{table}}"
     WHERE queue = $1 AND status = 'in_flight'
       AND (lease_expires_at < now() OR lease_expires_at IS NULL)
-      AND (lease_expires_at >= claimed_at
+      AND (lease_generation = claim_generation
            OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
     ORDER BY lease_expires_at NULLS FIRST
     LIMIT $2
@@ -48,6 +49,7 @@ claimed AS (
         reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
         claimed_at = now(),
         lease_expires_at = now() + make_interval(secs => $3),
+        lease_generation = j.claim_generation + 1,
         claim_generation = j.claim_generation + 1,
         updated_at = now()
     FROM picked AS p

@@ -4,6 +4,7 @@
 -- Parameters: $1 id; $2 generation; $3 lease in seconds. A row back: still held, and whether an
 -- operator asked to cancel the job; no row: the lease was lost.
 UPDATE "{{table}}"
-SET claimed_at = now(), lease_expires_at = now() + make_interval(secs => $3), updated_at = now()
+SET claimed_at = now(), lease_expires_at = now() + make_interval(secs => $3),
+    lease_generation = claim_generation, updated_at = now()
 WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2
 RETURNING cancel_requested_at IS NOT NULL AS cancel_requested

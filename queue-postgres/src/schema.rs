@@ -214,6 +214,7 @@ mod tests {
         let later = table_migration_sql(&table, 20261201000001).unwrap();
         assert!(ddl.ends_with(&later), "{ddl}");
         assert!(later.contains("ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz"));
+        assert!(later.contains("ADD COLUMN IF NOT EXISTS lease_generation    bigint"));
         assert!(later.contains("ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz"));
         assert!(later.contains("\"invoice_jobs_expiry_idx\""));
         assert!(matches!(

@@ -73,6 +73,7 @@ pub(crate) mod col {
     pub(crate) const NEXT_ATTEMPT_AT: &str = "next_attempt_at";
     pub(crate) const CLAIMED_AT: &str = "claimed_at";
     pub(crate) const LEASE_EXPIRES_AT: &str = "lease_expires_at";
+    pub(crate) const LEASE_GENERATION: &str = "lease_generation";
     pub(crate) const CANCEL_REQUESTED_AT: &str = "cancel_requested_at";
     pub(crate) const CLAIM_GENERATION: &str = "claim_generation";
     pub(crate) const LAST_ERROR: &str = "last_error";
@@ -85,7 +86,7 @@ pub(crate) mod col {
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 17] = [
+pub(crate) const COLUMNS: [(&str, &str); 18] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -96,6 +97,7 @@ pub(crate) const COLUMNS: [(&str, &str); 17] = [
     (col::NEXT_ATTEMPT_AT, "timestamp with time zone"),
     (col::CLAIMED_AT, "timestamp with time zone"),
     (col::LEASE_EXPIRES_AT, "timestamp with time zone"),
+    (col::LEASE_GENERATION, "bigint"),
     (col::CANCEL_REQUESTED_AT, "timestamp with time zone"),
     (col::CLAIM_GENERATION, "bigint"),
     (col::LAST_ERROR, "text"),
@@ -187,7 +189,8 @@ mod tests {
         let claim = squash(&queue_jobs(CLAIM));
         for needle in [
             "status = 'pending' AND next_attempt_at <= now()",
-            "(lease_expires_at < now() OR lease_expires_at IS NULL) AND (lease_expires_at >= claimed_at OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
+            "(lease_expires_at < now() OR lease_expires_at IS NULL) AND (lease_generation = claim_generation OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
+            "lease_generation = j.claim_generation + 1",
             "lease_expires_at = now() + make_interval(secs => $3)",
             "ORDER BY lease_expires_at NULLS FIRST",
             "FOR UPDATE SKIP LOCKED",

@@ -850,38 +850,56 @@ async fn a_claim_from_before_stored_leases_keeps_its_claimers_lease<D: TestDrive
 }
 
 /// During a rolling deploy, a binary from before stored leases may take over a job this one
-/// claimed: it stamps `claimed_at` and leaves the expired `lease_expires_at` behind. That stale
-/// expiry must not make the job look expired while the old binary runs it: the claimer's lease
-/// counts from `claimed_at` instead.
+/// claimed, and renew it: it stamps `claimed_at` and leaves this binary's `lease_expires_at`
+/// behind, expired or not. That expiry belongs to an earlier claim (`lease_generation`), so it
+/// must not decide: the claimer's lease counts from the old binary's last `claimed_at`.
 async fn a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once<
     D: TestDriver,
 >() {
     let db = TestDb::new().await;
     let queue = support::connect_default::<D>(&db).await;
+    let short = ClaimRequest::new(1, Lease::from_secs(30).unwrap());
     let id = queue
         .enqueue(NewJob::from_value(json!({})))
         .await
         .unwrap()
         .id;
+    // A new worker claims under 90 s and dies.
     queue.claim(req(1)).await.unwrap().jobs.remove(0);
-    let past_the_lease = Lease::DEFAULT.duration() + Duration::from_secs(1);
-    support::shift_time(&db.pool, "queue_jobs", past_the_lease).await;
-    // The takeover as the binary from before stored leases writes it.
-    sqlx::query(
+    let shift = |secs: u64| support::shift_time(&db.pool, "queue_jobs", Duration::from_secs(secs));
+    shift(31).await;
+    // An old binary with a 30 s lease takes it over (its claim statement), while this binary's
+    // expiry is still 59 s ahead…
+    let old_binary = |statement: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(statement)
+                .bind(id.0)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    old_binary(
         "UPDATE queue_jobs SET claimed_at = now(), claim_generation = claim_generation + 1,
                 attempts = attempts + 1, reclaims = reclaims + 1, updated_at = now()
          WHERE id = $1",
     )
-    .bind(id.0)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    .await;
+    // …and renews it (its heartbeat), the last time 9 s before that expiry.
+    for secs in [20, 20, 10] {
+        shift(secs).await;
+        old_binary("UPDATE queue_jobs SET claimed_at = now(), updated_at = now() WHERE id = $1")
+            .await;
+    }
+    // Past the stale expiry, 10 s after the old binary's last renewal.
+    shift(10).await;
     assert!(
-        queue.claim(req(1)).await.unwrap().jobs.is_empty(),
+        queue.claim(short).await.unwrap().jobs.is_empty(),
         "a live claim of the older binary was taken over"
     );
-    support::shift_time(&db.pool, "queue_jobs", past_the_lease).await;
-    let taken = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    shift(21).await;
+    let taken = queue.claim(short).await.unwrap().jobs.remove(0);
     assert_eq!((taken.id, taken.generation), (id, ClaimGeneration(3)));
     db.drop_db().await;
 }

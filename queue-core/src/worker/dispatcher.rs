@@ -17,7 +17,7 @@ use super::Shared;
 use super::runner::{LeaseClock, run_job};
 use crate::backend::Backend;
 use crate::backoff::Backoff;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::events;
 use crate::handler::{Cancel, Handler};
 use crate::types::{
@@ -94,7 +94,7 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         let poll = tokio::time::sleep(self.shared.config.poll_interval);
         tokio::pin!(poll);
         loop {
-            self.start_buffered().await;
+            self.start_buffered();
             if stop.is_cancelled() {
                 return;
             }
@@ -205,22 +205,27 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
 
     /// Starts buffered jobs while slots are free, each only while the worker knows it still
     /// holds the job's lease with enough left; gives back those it cannot vouch for.
-    async fn start_buffered(&mut self) {
+    fn start_buffered(&mut self) {
         let config = &self.shared.config;
         while self.running.len() < config.concurrency {
             let Some(next) = self.buffer.pop_front() else {
                 return;
             };
             let clock = LeaseClock::new(config.lease.duration(), next.lease_started);
-            if !still_held(&self.shared, &next.job, &clock).await {
-                continue;
-            }
             let cancel = Cancel::default();
             let job = Arc::new(next.job);
-            let run = run_job(self.shared.clone(), job.clone(), cancel.clone(), clock);
+            let shared = self.shared.clone();
+            let (for_task, cancel_for_task) = (job.clone(), cancel.clone());
+            // The check before the start runs in the job's own task: a database slow to
+            // answer it holds one slot, never the dispatcher (claims, reaping, shutdown).
+            let run = async move {
+                if still_held(&shared, &for_task, &clock).await {
+                    shared.stats.send_modify(|s| s.started += 1);
+                    run_job(shared, for_task, cancel_for_task, clock).await;
+                }
+            };
             let task = self.running.spawn(run);
             self.owners.insert(task.id(), Running { job, cancel });
-            self.shared.stats.send_modify(|s| s.started += 1);
         }
     }
 
@@ -269,7 +274,12 @@ async fn still_held<B: Backend, H: Handler>(
         return true;
     }
     let sent = Instant::now();
-    match shared.backend.extend_lease(job.claim(), config.lease).await {
+    // A renewal that does not answer within a sixth of the lease cannot be counted on.
+    let renewal = shared.backend.extend_lease(job.claim(), config.lease);
+    let answer = tokio::time::timeout(lease / 6, renewal)
+        .await
+        .unwrap_or_else(|_| Err(Error::backend("no answer to the renewal in time", true)));
+    match answer {
         Ok(Heartbeat::Held) => {
             clock.renewed(sent);
             true

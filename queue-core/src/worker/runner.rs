@@ -131,12 +131,12 @@ async fn cancel_if_requested<B: Backend, H: Handler>(
     if !matches!(action, Finalize::Retry { .. } | Finalize::Release) {
         return action;
     }
-    match shared
+    // Bounded like a heartbeat: no answer within a sixth of the lease keeps the outcome.
+    let renewal = shared
         .backend
-        .extend_lease(job.claim(), shared.config.lease)
-        .await
-    {
-        Ok(Heartbeat::CancelRequested) => {
+        .extend_lease(job.claim(), shared.config.lease);
+    match tokio::time::timeout(shared.config.lease.duration() / 6, renewal).await {
+        Ok(Ok(Heartbeat::CancelRequested)) => {
             events::cancel_requested(shared.backend.queue(), job.claim());
             Finalize::Cancel {
                 reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
