@@ -12,7 +12,7 @@ use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
 use queue_examples::exchange::{
     EventType, ExchangeConfig, ExchangeStore, HttpPartner, MIGRATOR, MemExchange, Partners,
-    PgExchange, RetryOutcome, SendHandler, SendPayload, TransactionStatus,
+    PgExchange, RetryOutcome, SendHandler, SendPayload, TransactionStatus, TransactionView,
 };
 use queue_postgres::testing::ScratchDb;
 use queue_postgres::{TableName, upgrade_legacy_sql};
@@ -683,20 +683,51 @@ async fn the_worker_binary_refuses_a_lease_too_short_for_its_partners() {
     );
 }
 
-/// Plants a transaction whose send job carries `payload` instead of its own: on PostgreSQL by
-/// rewriting the row the way a bad deploy or a hand edit would, in memory through the store.
-async fn plant_pg(db: &ScratchDb, store: &PgExchange, payload: Value) -> i64 {
-    let id = store
-        .create_transactions(&[("acme".into(), 9)])
-        .await
-        .unwrap()[0];
-    sqlx::query("UPDATE exchange_send_jobs SET payload = $2 WHERE transaction_id = $1")
-        .bind(id)
-        .bind(payload)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    id
+/// A payload made of the transaction it is planted on (so that it can name its own id with
+/// another key, for instance).
+type MakePayload = dyn Fn(&TransactionView) -> Value + Send + Sync;
+
+/// Plants a transaction whose send job carries a payload of the test's making instead of its
+/// own: on PostgreSQL by rewriting the row the way a bad deploy or a hand edit would, in memory
+/// through the store.
+trait Planter {
+    async fn plant(&self, payload: &MakePayload) -> i64;
+}
+
+struct PgPlanter<'a>(&'a ScratchDb, &'a PgExchange);
+
+impl Planter for PgPlanter<'_> {
+    async fn plant(&self, payload: &MakePayload) -> i64 {
+        let PgPlanter(db, store) = self;
+        let id = store
+            .create_transactions(&[("acme".into(), 9)])
+            .await
+            .unwrap()[0];
+        let view = store.transaction(id).await.unwrap().unwrap();
+        sqlx::query("UPDATE exchange_send_jobs SET payload = $2 WHERE transaction_id = $1")
+            .bind(id)
+            .bind(payload(&view))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        id
+    }
+}
+
+impl Planter for MemExchange {
+    async fn plant(&self, payload: &MakePayload) -> i64 {
+        self.create_with_payload("acme", 9, payload).await.unwrap()
+    }
+}
+
+/// The payload a transaction's send job should carry.
+fn own_payload(view: &TransactionView) -> SendPayload {
+    SendPayload {
+        transaction_id: view.id,
+        correlation_id: view.correlation_id.clone(),
+        partner: view.partner.clone(),
+        amount_minor: view.amount_minor,
+    }
 }
 
 /// The status and `last_error` of a transaction's only send job.
@@ -707,11 +738,12 @@ async fn send_job_of<S: ExchangeStore>(store: &S, id: i64) -> (JobStatus, Option
     (job.status, job.last_error)
 }
 
-/// Poison payloads (`{}`, an array, `null`) and a payload naming another transaction: none is
-/// sent, each fails its own transaction with one `exchange.failed`, and the job says why.
+/// Poison payloads (`{}`, an array, `null`), another transaction's payload, and the job's own
+/// transaction with another key or amount: none is sent, each fails its own transaction with
+/// one `exchange.failed`, and the job says why.
 async fn hostile_payloads_fail_their_own_transaction<S: ExchangeStore>(
     store: &S,
-    plant: impl AsyncFn(Value) -> i64,
+    planter: &impl Planter,
 ) {
     let server = acme_server(Duration::ZERO).await;
     let partners =
@@ -723,30 +755,41 @@ async fn hostile_payloads_fail_their_own_transaction<S: ExchangeStore>(
     let good_view = store.transaction(good).await.unwrap().unwrap();
     let mut poisoned = Vec::new();
     for payload in [json!({}), json!([1, 2, 3]), Value::Null] {
-        poisoned.push(plant(payload).await);
+        poisoned.push(planter.plant(&move |_| payload.clone()).await);
     }
+    let value = |payload: SendPayload| serde_json::to_value(payload).unwrap();
     // Another transaction's payload, key included: sending it would send `good` again.
-    let borrowed = serde_json::to_value(SendPayload {
-        transaction_id: good,
-        correlation_id: good_view.correlation_id.clone(),
-        partner: "acme".into(),
-        amount_minor: 1,
-    })
-    .unwrap();
-    let mismatched = plant(borrowed).await;
+    let borrowed = value(own_payload(&good_view));
+    // The job's own transaction under another's key: the partner would take it for `good`.
+    let good_key = good_view.correlation_id.clone();
+    let foreign_key = move |view: &TransactionView| {
+        value(SendPayload {
+            correlation_id: good_key.clone(),
+            ..own_payload(view)
+        })
+    };
+    let other_amount = move |view: &TransactionView| {
+        value(SendPayload {
+            amount_minor: view.amount_minor + 1,
+            ..own_payload(view)
+        })
+    };
+    let mut mismatched = vec![planter.plant(&move |_| borrowed.clone()).await];
+    mismatched.push(planter.plant(&foreign_key).await);
+    mismatched.push(planter.plant(&other_amount).await);
     let worker = start(store, &partners, &quick(ExchangeConfig::default()));
-    wait_terminal(store, 5).await;
+    wait_terminal(store, 7).await;
     worker.shutdown().await.unwrap();
 
     assert_eq!(server.posts(), 1, "only the good transaction is sent");
     assert_eq!(server.keys()[&good_view.correlation_id].accepted, 1);
     let good_now = store.transaction(good).await.unwrap().unwrap();
     assert_eq!(good_now.status, TransactionStatus::Success);
-    for (id, why) in poisoned
-        .iter()
-        .map(|id| (*id, "malformed payload"))
-        .chain([(mismatched, "names another transaction than its own")])
-    {
+    for (id, why) in poisoned.iter().map(|id| (*id, "malformed payload")).chain(
+        mismatched
+            .iter()
+            .map(|id| (*id, "is not the transmission of its own transaction")),
+    ) {
         let view = store.transaction(id).await.unwrap().unwrap();
         assert_eq!(view.status, TransactionStatus::Failed, "transaction {id}");
         let events = store.events(id).await.unwrap();
@@ -767,71 +810,71 @@ async fn hostile_payloads_fail_their_own_transaction<S: ExchangeStore>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_on_postgres() {
     let (db, store) = exchange_db().await;
-    hostile_payloads_fail_their_own_transaction(&store, async |payload| {
-        plant_pg(&db, &store, payload).await
-    })
-    .await;
+    hostile_payloads_fail_their_own_transaction(&store, &PgPlanter(&db, &store)).await;
     db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_in_memory() {
     let store = MemExchange::new();
-    hostile_payloads_fail_their_own_transaction(&store, async |payload| {
-        store.create_with_payload("acme", 9, payload).await.unwrap()
-    })
-    .await;
+    hostile_payloads_fail_their_own_transaction(&store, &store).await;
 }
 
 /// Behind the handler's check, the hook's own: a success reported under another transaction's
-/// payload (by code that finalizes without the handler) fails the job's own transaction.
+/// payload, or under the job's own transaction with another key (by code that finalizes
+/// without the handler), fails the job's own transaction.
 async fn a_success_under_a_foreign_payload_fails_the_own_transaction<S: ExchangeStore>(
     store: &S,
-    plant: impl AsyncFn(Value) -> i64,
+    planter: &impl Planter,
 ) {
-    let foreign = json!({
-        "transaction_id": 999_999, "correlation_id": "k", "partner": "acme", "amount_minor": 1
-    });
-    let id = plant(foreign).await;
-    let job = store
-        .queue()
-        .claim(ClaimRequest::new(1, Lease::DEFAULT))
-        .await
+    let elsewhere = |view: &TransactionView| {
+        json!({ "transaction_id": 999_999, "correlation_id": "k", "partner": "acme",
+                "amount_minor": view.amount_minor })
+    };
+    let another_key = |view: &TransactionView| {
+        serde_json::to_value(SendPayload {
+            correlation_id: "someone-else".into(),
+            ..own_payload(view)
+        })
         .unwrap()
-        .jobs
-        .remove(0);
-    let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &Finalize::Complete)
-        .await
-        .unwrap();
-    assert_eq!(outcome, FinalizeOutcome::Applied);
-    assert_eq!(
-        store.transaction(id).await.unwrap().unwrap().status,
-        TransactionStatus::Failed
-    );
-    let events = store.events(id).await.unwrap();
-    assert_eq!(
-        events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
-        vec![EventType::Failed]
-    );
+    };
+    for make in [&elsewhere as &MakePayload, &another_key] {
+        let id = planter.plant(make).await;
+        let job = store
+            .queue()
+            .claim(ClaimRequest::new(1, Lease::DEFAULT))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        let outcome = finalize_with_hooks(store.queue(), &store.hooks(), &job, &Finalize::Complete)
+            .await
+            .unwrap();
+        assert_eq!(outcome, FinalizeOutcome::Applied);
+        assert_eq!(
+            store.transaction(id).await.unwrap().unwrap().status,
+            TransactionStatus::Failed
+        );
+        let events = store.events(id).await.unwrap();
+        assert_eq!(
+            events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+            vec![EventType::Failed]
+        );
+    }
 }
 
 #[tokio::test]
 async fn a_success_under_a_foreign_payload_fails_the_own_transaction_on_postgres() {
     let (db, store) = exchange_db().await;
-    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, async |payload| {
-        plant_pg(&db, &store, payload).await
-    })
-    .await;
+    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, &PgPlanter(&db, &store))
+        .await;
     db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_success_under_a_foreign_payload_fails_the_own_transaction_in_memory() {
     let store = MemExchange::new();
-    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, async |payload| {
-        store.create_with_payload("acme", 9, payload).await.unwrap()
-    })
-    .await;
+    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, &store).await;
 }
 
 /// An operator cancels a pending send job: the hooks fail its transaction with an event in the

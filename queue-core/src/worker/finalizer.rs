@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::stats::WorkerStats;
 use crate::backend::Backend;
 use crate::backoff::Backoff;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::events;
 use crate::hooks::{Hooks, finalize_once};
 use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobStatus};
@@ -284,9 +284,9 @@ impl<B: Backend> Writer<B> {
             action: dead,
             deadline: deadline.max(Instant::now() + LONGEST_PAUSE * 2),
         };
-        let written = match self.write_many(std::slice::from_ref(&outcome)).await {
+        let written = match self.write_many(std::slice::from_ref(&outcome), false).await {
             Ok(mut written) => written.remove(0),
-            Err(err) => Written::Failed(err),
+            Err((err, _)) => Written::Failed(err),
         };
         (outcome.action, written)
     }
@@ -295,17 +295,19 @@ impl<B: Backend> Writer<B> {
     /// and the latest deadline allows; a batch the database refuses is split in halves until
     /// the refused item stands alone.
     async fn write_batch(&self, outcomes: Vec<Outcome>) {
-        let mut todo = vec![outcomes];
-        while let Some(batch) = todo.pop() {
-            match self.write_many(&batch).await {
+        // Each batch with whether an earlier try of it may have committed (a lost reply): its
+        // halves inherit that, so a refusal after a lost reply is still checked, never Stale.
+        let mut todo = vec![(outcomes, false)];
+        while let Some((batch, maybe_written)) = todo.pop() {
+            match self.write_many(&batch, maybe_written).await {
                 Ok(written) => self.report_all(&batch, written),
-                Err(err) if !err.is_transient() && batch.len() > 1 => {
+                Err((err, maybe_written)) if !err.is_transient() && batch.len() > 1 => {
                     let mut first = batch;
                     let second = first.split_off(first.len() / 2);
-                    todo.push(second);
-                    todo.push(first);
+                    todo.push((second, maybe_written));
+                    todo.push((first, maybe_written));
                 }
-                Err(err) => {
+                Err((err, _)) => {
                     let claim = (batch.len() == 1).then(|| batch[0].claim);
                     events::finalize_failed(self.backend.queue(), claim, batch.len(), &err);
                     self.stats
@@ -315,7 +317,11 @@ impl<B: Backend> Writer<B> {
         }
     }
 
-    async fn write_many(&self, batch: &[Outcome]) -> Result<Vec<Written>> {
+    async fn write_many(
+        &self,
+        batch: &[Outcome],
+        mut maybe_written: bool,
+    ) -> Result<Vec<Written>, (Error, bool)> {
         let queue = self.backend.queue();
         let items: Vec<(Claim, Finalize)> =
             batch.iter().map(|o| (o.claim, o.action.clone())).collect();
@@ -325,7 +331,6 @@ impl<B: Backend> Writer<B> {
             .max()
             .unwrap_or_else(Instant::now);
         let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
-        let mut maybe_written = false;
         loop {
             match self.backend.finalize_many(&items).await {
                 Ok(outcomes) => {
@@ -340,11 +345,11 @@ impl<B: Backend> Writer<B> {
                     }
                     return Ok(written);
                 }
-                Err(err) if !err.is_transient() => return Err(err),
+                Err(err) if !err.is_transient() => return Err((err, maybe_written)),
                 Err(err) => {
                     maybe_written = true;
                     let Some(pause) = backoff.pause_before(deadline) else {
-                        return Err(err);
+                        return Err((err, maybe_written));
                     };
                     events::finalize_retry(queue, items.len(), &err, pause);
                     tokio::time::sleep(pause).await;

@@ -45,6 +45,10 @@ async fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // From the first moment: a SIGTERM that arrives while the worker connects is kept, and
+    // drains it as soon as it runs, instead of killing it.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let args = Args::parse(std::env::args().skip(1), FLAGS)?;
     if args.has("help") {
         println!("flags: --{}", FLAGS.join(" --"));
@@ -112,8 +116,6 @@ async fn main() -> Result<()> {
         events::WORKER_STARTED
     );
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

@@ -40,7 +40,7 @@ CREATE TRIGGER chaos_status_log AFTER UPDATE ON exchange_send_jobs
 /// ones and `faults` must be zero.
 #[derive(Debug, Clone, Default)]
 pub struct Audit {
-    /// Transactions the run created (poison ones included).
+    /// Transactions in the database at the end (poison ones included).
     pub transactions: usize,
     /// Of which planted with a poison payload.
     pub poison: usize,
@@ -88,6 +88,9 @@ pub struct Audit {
     pub unexplained_overlaps: usize,
     /// Workers that did not exit cleanly on SIGTERM at the end.
     pub unclean_exits: usize,
+    /// Times the exchange's terminal guard refused a stamp (`exchange.transaction_guard_refused`
+    /// in the workers' logs): a second outcome reached the hooks, stopped only by the guard.
+    pub guard_refusals: usize,
 }
 
 impl Audit {
@@ -122,6 +125,10 @@ impl Audit {
                 self.unexplained_overlaps,
             ),
             ("workers that did not drain on SIGTERM", self.unclean_exits),
+            (
+                "second outcomes stopped only by the terminal guard",
+                self.guard_refusals,
+            ),
         ]
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -163,6 +170,7 @@ pub(crate) struct Evidence<'a> {
     pub(crate) lease: Duration,
     pub(crate) send_timeout: Duration,
     pub(crate) unclean_exits: usize,
+    pub(crate) guard_refusals: usize,
 }
 
 struct Transaction {
@@ -173,11 +181,11 @@ struct Transaction {
 /// Audits the scenario's database against the evidence.
 pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audit, sqlx::Error> {
     let mut audit = Audit {
-        transactions: evidence.created.len() + evidence.poison.len(),
         poison: evidence.poison.len(),
         posts: evidence.posts.len(),
         accepted: evidence.posts.iter().filter(|p| p.accepted()).count(),
         unclean_exits: evidence.unclean_exits,
+        guard_refusals: evidence.guard_refusals,
         ..Audit::default()
     };
     for fault in evidence.faults {
@@ -229,6 +237,10 @@ pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audi
     )
     .fetch_one(pool)
     .await? as usize;
+
+    // Every transaction in the database: those whose creation committed behind a lost reply
+    // (a crash restart) included.
+    audit.transactions = transactions.len();
 
     // Lost and stranded.
     let with_job: HashSet<i64> = jobs.iter().filter_map(|(_, t, _)| *t).collect();
@@ -362,8 +374,11 @@ pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audi
 }
 
 /// Whether a second POST `b` of the key `a` carried is tied to an injected fault: `a` was
-/// answered only after the send timeout (the worker gave up on it), or a fault hit either
-/// sender (or everything) between a lease before `a` arrived and `b`'s arrival.
+/// answered only after the send timeout (the worker gave up on it, and the partner kept it), a
+/// fault hit `a`'s sender during `a`'s attempt (a lease either side of its arrival: killed or
+/// paused before its outcome committed), or `b`'s sender within the lease before `b` (resumed
+/// from a pause, it sent late), or the database failed during `a`'s attempt (its outcome could
+/// not be written). A partner hang explains only through the timeout.
 fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
     let timed_out = a
         .answered
@@ -371,13 +386,22 @@ fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
     if timed_out {
         return true;
     }
-    let senders = [
+    let lease = evidence.lease;
+    let before = |at: std::time::Instant| at.checked_sub(lease).unwrap_or(at);
+    let a_attempt = (before(a.arrived), a.arrived + lease);
+    let b_attempt = (before(b.arrived), b.arrived);
+    let overlaps = |fault: &Fault, (from, to): (std::time::Instant, std::time::Instant)| {
+        fault.start <= to && fault.end >= from
+    };
+    let (a_sender, b_sender) = (
         fleet::sender_pid(a.agent.as_deref()),
         fleet::sender_pid(b.agent.as_deref()),
-    ];
-    let from = a.arrived.checked_sub(evidence.lease).unwrap_or(a.arrived);
-    evidence.faults.iter().any(|fault| {
-        let touches = fault.pid.is_none() || senders.contains(&fault.pid);
-        touches && fault.start <= b.arrived && fault.end >= from
+    );
+    evidence.faults.iter().any(|fault| match fault.pid {
+        Some(pid) => {
+            (Some(pid) == a_sender && overlaps(fault, a_attempt))
+                || (Some(pid) == b_sender && overlaps(fault, b_attempt))
+        }
+        None => fault.kind != FaultKind::PartnerHang && overlaps(fault, a_attempt),
     })
 }

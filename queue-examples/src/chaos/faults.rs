@@ -97,6 +97,8 @@ pub(crate) struct AtPartner {
     kill: bool,
     /// How long a pause lasts (the lease and a margin).
     pause: Duration,
+    /// Strikes still under way (a pause not yet ended, a kill not yet sent).
+    pending: Arc<AtomicUsize>,
 }
 
 impl AtPartner {
@@ -108,6 +110,7 @@ impl AtPartner {
             chance,
             kill: true,
             pause: Duration::ZERO,
+            pending: Arc::default(),
         }
     }
 
@@ -119,6 +122,16 @@ impl AtPartner {
             chance,
             kill: false,
             pause: lease,
+            pending: Arc::default(),
+        }
+    }
+
+    /// Stops striking, and waits until every strike under way is over (each paused worker
+    /// continued), so that the drain and the final SIGTERM find no worker still paused.
+    pub(crate) async fn settle(&self) {
+        self.budget.store(0, Ordering::SeqCst);
+        while self.pending.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -148,11 +161,13 @@ impl PostObserver for AtPartner {
         } else if self.draw() {
             let start = Instant::now();
             fleet::send(pid, Signal::SIGSTOP);
-            let (log, pause) = (self.log.clone(), self.pause);
+            let (log, pause, pending) = (self.log.clone(), self.pause, self.pending.clone());
+            pending.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 tokio::time::sleep(pause + Duration::from_millis(fastrand::u64(500..1500))).await;
                 fleet::send(pid, Signal::SIGCONT);
                 log.push(FaultKind::StopDuringSend, Some(pid), start);
+                pending.fetch_sub(1, Ordering::SeqCst);
             });
         }
         Box::pin(std::future::ready(()))
@@ -165,7 +180,8 @@ impl PostObserver for AtPartner {
         if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
             && self.draw()
         {
-            let log = self.log.clone();
+            let (log, pending) = (self.log.clone(), self.pending.clone());
+            pending.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 // Within a few milliseconds: while the worker reads the answer or writes the
                 // outcome.
@@ -173,6 +189,7 @@ impl PostObserver for AtPartner {
                 let start = Instant::now();
                 fleet::send(pid, Signal::SIGKILL);
                 log.push(FaultKind::KillAfterSend, Some(pid), start);
+                pending.fetch_sub(1, Ordering::SeqCst);
             });
         }
     }

@@ -85,6 +85,8 @@ impl Fleet {
 pub(crate) async fn drain(children: Vec<Child>, timeout: Duration) -> Vec<Option<ExitStatus>> {
     for child in &children {
         if let Some(pid) = child.id() {
+            // A paused worker would not act on SIGTERM until continued.
+            send(pid, Signal::SIGCONT);
             send(pid, Signal::SIGTERM);
         }
     }

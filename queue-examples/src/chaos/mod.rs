@@ -403,8 +403,9 @@ async fn run_scenario(
         )),
         _ => None,
     };
-    if let Some(observer) = at_partner {
-        partner.observe(Arc::new(observer));
+    let at_partner = at_partner.map(Arc::new);
+    if let Some(observer) = &at_partner {
+        partner.observe(observer.clone());
     }
     let logs = std::env::temp_dir().join(format!("{database}-logs"));
     std::fs::create_dir_all(&logs)?;
@@ -442,7 +443,12 @@ async fn run_scenario(
         let (created, injected) = tokio::join!(load, faults::inject(scenario, &targets, &stop));
         injected?;
         let created = created?;
-        // The faults are over: every job must now reach a terminal state.
+        // The faults are over, those at the partner included: every job must now reach a
+        // terminal state.
+        partner.stop_observing();
+        if let Some(observer) = &at_partner {
+            observer.settle().await;
+        }
         drain(config, &pool, scenario).await?;
         stop.cancel();
         Ok::<_, ChaosError>(created)
@@ -459,8 +465,11 @@ async fn run_scenario(
         .filter(|status| !status.is_some_and(|s| s.success()))
         .count();
 
+    // A POST the partner still holds (a hang) is answered before the audit reads the log.
+    partner.wait_answered(config.send_timeout * 4).await;
     let posts = partner.log();
     let faults = log.all();
+    let guard_refusals = count_in_logs(&logs, crate::exchange::events::TRANSACTION_GUARD_REFUSED)?;
     let evidence = audit::Evidence {
         created: &created,
         poison: &poison,
@@ -469,6 +478,7 @@ async fn run_scenario(
         lease: config.lease,
         send_timeout: config.send_timeout,
         unclean_exits,
+        guard_refusals,
     };
     let audit = audit::audit(&pool, &evidence).await?;
     pool.close().await;
@@ -486,6 +496,16 @@ async fn run_scenario(
         elapsed,
         logs,
     })
+}
+
+/// How many lines of the workers' logs in `dir` name `event`.
+fn count_in_logs(dir: &std::path::Path, event: &str) -> std::io::Result<usize> {
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        count += text.lines().filter(|line| line.contains(event)).count();
+    }
+    Ok(count)
 }
 
 /// Creates the scenario's transactions over `config.load_for`, through the store as a service
@@ -525,32 +545,46 @@ async fn load(
     Ok((created, poison))
 }
 
-/// A poison payload: one that does not parse, or another transaction's.
-async fn poison_payload(pool: &PgPool, victim: i64) -> Value {
-    match fastrand::usize(..5) {
-        0 => json!({}),
-        1 => json!([1, 2, 3]),
-        2 => Value::Null,
-        3 => json!({ "transaction_id": "seven", "correlation_id": 7 }),
-        _ => sqlx::query_scalar("SELECT payload FROM exchange_send_jobs WHERE transaction_id = $1")
+/// A poison payload: one that does not parse, another transaction's, or another transaction's
+/// with the planted job's own transaction id (so only its key is foreign). The flag says
+/// whether to put the own id in.
+async fn poison_payload(pool: &PgPool, victim: i64) -> (Value, bool) {
+    let victims = async || {
+        sqlx::query_scalar("SELECT payload FROM exchange_send_jobs WHERE transaction_id = $1")
             .bind(victim)
             .fetch_one(pool)
             .await
-            .unwrap_or(Value::Null),
+            .unwrap_or(Value::Null)
+    };
+    match fastrand::usize(..6) {
+        0 => (json!({}), false),
+        1 => (json!([1, 2, 3]), false),
+        2 => (Value::Null, false),
+        3 => (
+            json!({ "transaction_id": "seven", "correlation_id": 7 }),
+            false,
+        ),
+        4 => (victims().await, false),
+        _ => (victims().await, true),
     }
 }
 
-/// A transaction whose send job carries `payload`.
-async fn plant_poison(pool: &PgPool, payload: Value) -> Result<i64, sqlx::Error> {
+/// A transaction whose send job carries `payload` (with the transaction's own id in it when
+/// `own_id`).
+async fn plant_poison(pool: &PgPool, (payload, own_id): (Value, bool)) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "WITH t AS (INSERT INTO exchange_transactions (partner, amount_minor) \
                     VALUES ($1, 1) RETURNING id) \
          INSERT INTO exchange_send_jobs (transaction_id, queue, payload) \
-         SELECT id, $2, $3 FROM t RETURNING transaction_id",
+         SELECT id, $2, CASE WHEN $4 AND jsonb_typeof($3) = 'object' \
+                             THEN jsonb_set($3, '{transaction_id}', to_jsonb(id)) \
+                             ELSE $3 END \
+         FROM t RETURNING transaction_id",
     )
     .bind(PARTNER)
     .bind(crate::exchange::QUEUE)
     .bind(payload)
+    .bind(own_id)
     .fetch_one(pool)
     .await
 }

@@ -159,18 +159,18 @@ impl MemExchange {
         view
     }
 
-    /// Creates a transaction whose send job carries `payload` as given, not the transaction's
-    /// own: how tests bring in the hostile payloads a table can hold (`{}`, `null`, another
-    /// transaction's). Returns the transaction's id.
+    /// Creates a transaction whose send job carries the payload `payload` makes of it, not the
+    /// transaction's own: how tests bring in the hostile payloads a table can hold (`{}`,
+    /// `null`, another transaction's, its own with another key). Returns the transaction's id.
     pub async fn create_with_payload(
         &self,
         partner: &str,
         amount_minor: i64,
-        payload: Value,
+        payload: impl FnOnce(&TransactionView) -> Value,
     ) -> Result<i64, ExchangeError> {
         let mut tx = self.queue.begin().await?;
         let view = self.new_transaction(&mut tx, partner, amount_minor);
-        self.enqueue_linked(&mut tx, view.id, NewJob::from_value(payload))
+        self.enqueue_linked(&mut tx, view.id, NewJob::from_value(payload(&view)))
             .await?;
         tx.commit().await?;
         Ok(view.id)
@@ -200,8 +200,21 @@ impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
         let Some(id) = linked else {
             return Err(format!("send job {} has no transaction", job.id).into());
         };
+        let key = self
+            .0
+            .domain
+            .lock()
+            .unwrap()
+            .transactions
+            .get(&id)
+            .map(|t| t.correlation_id.clone());
         let own_payload = match &event.payload {
-            Payload::Parsed(payload) if payload.transaction_id == id => true,
+            Payload::Parsed(payload)
+                if payload.transaction_id == id
+                    && Some(&payload.correlation_id) == key.as_ref() =>
+            {
+                true
+            }
             Payload::Parsed(_) => {
                 if status != TransactionStatus::Failed {
                     events::payload_mismatch(job.id.0, id);
@@ -233,8 +246,16 @@ impl ExchangeStore for MemExchange {
         Hooks::new().with(SendOutcome(self.clone()))
     }
 
-    async fn transaction_of_job(&self, job_id: i64) -> Result<Option<i64>, ExchangeError> {
-        Ok(self.domain.lock().unwrap().jobs.get(&job_id).copied())
+    async fn transaction_of_job(
+        &self,
+        job_id: i64,
+    ) -> Result<Option<TransactionView>, ExchangeError> {
+        let domain = self.domain.lock().unwrap();
+        Ok(domain
+            .jobs
+            .get(&job_id)
+            .and_then(|id| domain.transactions.get(id))
+            .cloned())
     }
 
     async fn send_jobs(&self, transaction_id: i64) -> Result<Vec<i64>, ExchangeError> {

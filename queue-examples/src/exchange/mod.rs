@@ -363,9 +363,12 @@ pub enum PayloadError {
         /// The send job.
         job_id: i64,
     },
-    /// The payload names another transaction than the row's own (the payload's value is not
+    /// The payload is not the transmission of the job's own transaction: another
+    /// transaction, another idempotency key, partner or amount (the payload's values are not
     /// repeated: payloads stay out of errors).
-    #[error("the payload of send job {job_id} names another transaction than its own ({own})")]
+    #[error(
+        "the payload of send job {job_id} is not the transmission of its own transaction ({own})"
+    )]
     Mismatch {
         /// The send job.
         job_id: i64,
@@ -374,12 +377,23 @@ pub enum PayloadError {
     },
 }
 
+impl SendPayload {
+    /// Whether this is the transmission `transaction` stands for: its id, its current
+    /// idempotency key, its partner and its amount.
+    pub fn is_transmission_of(&self, transaction: &TransactionView) -> bool {
+        self.transaction_id == transaction.id
+            && self.correlation_id == transaction.correlation_id
+            && self.partner == transaction.partner
+            && self.amount_minor == transaction.amount_minor
+    }
+}
+
 /// Sends one transmission per job.
 ///
 /// The job's row, not its payload, says which transaction it sends: before sending, the handler
-/// checks that the payload names that transaction, and fails the job otherwise (the send
-/// outcome hook then fails the row's own transaction, with its event), so that a tampered or
-/// mixed-up payload is never sent under another transaction's job.
+/// checks that the payload is that transaction's transmission (id, idempotency key, partner,
+/// amount), and fails the job otherwise (the send outcome hook then fails the row's own
+/// transaction, with its event), so that a tampered or mixed-up payload is never sent.
 pub struct SendHandler<S> {
     store: S,
     partners: Arc<Partners>,
@@ -403,7 +417,7 @@ impl<S: ExchangeStore> SendHandler<S> {
         }
     }
 
-    /// Refuses a payload that does not name the job's own transaction.
+    /// Refuses a payload that is not the transmission of the job's own transaction.
     async fn check_payload(&self, job_id: i64, payload: &SendPayload) -> Result<(), JobError> {
         // The store could not answer: try again later, nothing was sent.
         let own = self
@@ -413,7 +427,10 @@ impl<S: ExchangeStore> SendHandler<S> {
             .map_err(JobError::retry)?;
         let refused = match own {
             None => PayloadError::NoTransaction { job_id },
-            Some(own) if own != payload.transaction_id => PayloadError::Mismatch { job_id, own },
+            Some(own) if !payload.is_transmission_of(&own) => PayloadError::Mismatch {
+                job_id,
+                own: own.id,
+            },
             Some(_) => return Ok(()),
         };
         events::payload_refused(&refused);
@@ -530,7 +547,7 @@ pub trait ExchangeStore: Clone + Send + Sync + 'static {
     fn transaction_of_job(
         &self,
         job_id: i64,
-    ) -> impl Future<Output = Result<Option<i64>, ExchangeError>> + Send;
+    ) -> impl Future<Output = Result<Option<TransactionView>, ExchangeError>> + Send;
 
     /// The send jobs of a transaction, oldest first (one per send: the first, and one per
     /// [`ExchangeStore::retry_failed_transaction`]).

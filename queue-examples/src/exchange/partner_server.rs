@@ -103,6 +103,8 @@ struct State {
     observer: Mutex<Option<Arc<dyn PostObserver>>>,
     /// Fired at every POST's arrival.
     arrived: Notify,
+    /// Fired at every POST's answer.
+    answered: Notify,
     /// Opens the held POSTs ([`Behavior::Held`]).
     released: watch::Sender<bool>,
 }
@@ -125,6 +127,7 @@ impl PartnerServer {
             behaviors: Mutex::new(behaviors),
             observer: Mutex::new(None),
             arrived: Notify::new(),
+            answered: Notify::new(),
             released: watch::Sender::new(false),
         });
         let shutdown = CancellationToken::new();
@@ -213,6 +216,34 @@ impl PartnerServer {
             }
             arrived.await;
         }
+    }
+
+    /// Waits until every POST received so far has been answered, for at most `limit`; returns
+    /// whether they all were.
+    pub async fn wait_answered(&self, limit: Duration) -> bool {
+        let all_answered = || {
+            let recorded = self.state.recorded.lock().unwrap();
+            recorded.log.iter().all(|post| post.answered.is_some())
+        };
+        tokio::time::timeout(limit, async {
+            loop {
+                let answered = self.state.answered.notified();
+                tokio::pin!(answered);
+                // Registered before the check, so an answer in between is not missed.
+                answered.as_mut().enable();
+                if all_answered() {
+                    return;
+                }
+                answered.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Stops showing POSTs to the observer.
+    pub fn stop_observing(&self) {
+        *self.state.observer.lock().unwrap() = None;
     }
 
     /// Lets every held POST ([`Behavior::Held`]) answer, and those to come answer at once.
@@ -315,6 +346,7 @@ async fn answer(
             }
         }
     }
+    state.answered.notify_waiters();
     if let Some(observer) = &observer {
         observer.answered(&post);
     }

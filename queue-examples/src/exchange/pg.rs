@@ -47,15 +47,18 @@ WHERE id = $1 AND ($2 NOT IN ('success', 'failed') OR status NOT IN ('success', 
 /// A send job's outcome on its transaction, in the finalize transaction: the transaction the
 /// job row belongs to (its own `transaction_id` column) is stamped through the terminal guard,
 /// and the event is staged only if this stamp applied. The status is the outcome's only when
-/// the payload named that same transaction; otherwise the transaction fails (what was sent, if
-/// anything, was not its transmission). `$1` send job, `$2` claim generation, `$3` the status
-/// the outcome leads to, `$4` its event type, `$5` the payload's transaction (NULL: none could
-/// be read). Returns the transaction, whether the payload was its own and whether it was
-/// stamped; no row when the job has no transaction.
+/// the payload named that same transaction and its idempotency key; otherwise the transaction
+/// fails (what was sent, if anything, was not its transmission). `$1` send job, `$2` claim
+/// generation, `$3` the status the outcome leads to, `$4` its event type, `$5` and `$6` the
+/// payload's transaction and key (NULL: none could be read). Returns the transaction, whether
+/// the payload was its own and whether it was stamped; no row when the job has no transaction.
 const SEND_OUTCOME: &str = r#"
 WITH job AS (
-    SELECT transaction_id, transaction_id = $5 IS TRUE AS own_payload
-    FROM exchange_send_jobs WHERE id = $1
+    SELECT j.transaction_id,
+           (j.transaction_id = $5 AND t.correlation_id = $6) IS TRUE AS own_payload
+    FROM exchange_send_jobs AS j
+    LEFT JOIN exchange_transactions AS t ON t.id = j.transaction_id
+    WHERE j.id = $1
 ),
 outcome AS (
     SELECT transaction_id, own_payload,
@@ -81,7 +84,9 @@ FROM outcome JOIN exchange_transactions AS t ON t.id = outcome.transaction_id
 
 /// The transaction a send job's row belongs to. `$1` send job.
 const TRANSACTION_OF_JOB: &str = r#"
-SELECT transaction_id FROM exchange_send_jobs WHERE id = $1
+SELECT t.id, t.correlation_id, t.partner, t.amount_minor, t.status, t.retries
+FROM exchange_send_jobs AS j JOIN exchange_transactions AS t ON t.id = j.transaction_id
+WHERE j.id = $1
 "#;
 
 /// The guarded exit from `failed` with a new idempotency key. `$1` transaction.
@@ -218,7 +223,7 @@ impl<D: Driver> PgExchange<D> {
 /// The send job's outcome on the domain: stamps the transaction through the terminal guard and
 /// stages `exchange.sent` / `exchange.failed`, in one statement, only when the stamp applied. A
 /// refusal is logged, not an error: the job's fenced write is the source of truth. A payload
-/// that names another transaction fails the job's own (logged as a mismatch).
+/// that names another transaction or key fails the job's own (logged as a mismatch).
 struct SendOutcome;
 
 impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
@@ -235,9 +240,12 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
             return Ok(());
         };
         let job = event.job;
-        let named = match &event.payload {
-            Payload::Parsed(payload) => Some(payload.transaction_id),
-            Payload::Malformed => None,
+        let (named, key) = match &event.payload {
+            Payload::Parsed(payload) => (
+                Some(payload.transaction_id),
+                Some(payload.correlation_id.as_str()),
+            ),
+            Payload::Malformed => (None, None),
         };
         let params = (
             job.id.0,
@@ -245,6 +253,7 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
             status.as_str(),
             event_type.as_str(),
             named,
+            key,
         );
         let rows = tx.query(SEND_OUTCOME, params).await?;
         let Some(row) = rows.first() else {
@@ -306,12 +315,12 @@ impl<D: Driver> ExchangeStore for PgExchange<D> {
         Hooks::new().with(SendOutcome)
     }
 
-    async fn transaction_of_job(&self, job_id: i64) -> Result<Option<i64>, ExchangeError> {
+    async fn transaction_of_job(
+        &self,
+        job_id: i64,
+    ) -> Result<Option<TransactionView>, ExchangeError> {
         let rows = self.queue.query(TRANSACTION_OF_JOB, (job_id,)).await?;
-        Ok(match rows.first() {
-            Some(row) => row.get::<Option<i64>>("transaction_id")?,
-            None => None,
-        })
+        rows.first().map(transaction_view).transpose()
     }
 
     async fn send_jobs(&self, transaction_id: i64) -> Result<Vec<i64>, ExchangeError> {
