@@ -377,8 +377,8 @@ pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audi
 /// answered only after the send timeout (the worker gave up on it, and the partner kept it), a
 /// fault hit `a`'s sender during `a`'s attempt (a lease either side of its arrival: killed or
 /// paused before its outcome committed), or `b`'s sender within the lease before `b` (resumed
-/// from a pause, it sent late), or the database failed during `a`'s attempt (its outcome could
-/// not be written). A partner hang explains only through the timeout.
+/// from a pause, it sent late), or the database crashed after `a` while its outcome had to be
+/// written. A partner hang explains only through the timeout, and killed connections never.
 fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
     let timed_out = a
         .answered
@@ -402,6 +402,12 @@ fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
             (Some(pid) == a_sender && overlaps(fault, a_attempt))
                 || (Some(pid) == b_sender && overlaps(fault, b_attempt))
         }
-        None => fault.kind != FaultKind::PartnerHang && overlaps(fault, a_attempt),
+        // Killed connections alone never explain one: outcomes are tried again on new
+        // connections until the lease deadline. A crashed database does, when it was down
+        // after the first POST, while its outcome had to be written.
+        None => {
+            fault.kind == FaultKind::RestartDatabase
+                && overlaps(fault, (a.arrived, a.arrived + lease))
+        }
     })
 }
