@@ -329,6 +329,14 @@ pub(crate) mod capture {
         }
 
         pub fn subscriber(&self) -> impl Subscriber + Send + Sync + 'static {
+            // Tests run in parallel, each with a thread-local subscriber. A callsite first hit
+            // where no subscriber listens caches "never" for every thread, and a test's own
+            // subscriber then misses its events. A global subscriber interested in everything
+            // (it records nothing) keeps every callsite's interest open.
+            static GLOBAL: std::sync::Once = std::sync::Once::new();
+            GLOBAL.call_once(|| {
+                let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+            });
             tracing_subscriber::registry().with(self.clone())
         }
     }

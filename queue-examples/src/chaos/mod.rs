@@ -439,19 +439,34 @@ async fn run_scenario(
         Ok::<(), ChaosError>(())
     };
     let work = async {
-        let load = load(config, &store, &pool, scenario);
-        let (created, injected) = tokio::join!(load, faults::inject(scenario, &targets, &stop));
-        injected?;
-        let created = created?;
-        // The faults are over, those at the partner included: every job must now reach a
-        // terminal state.
-        partner.stop_observing();
-        if let Some(observer) = &at_partner {
-            observer.settle().await;
+        let worked = async {
+            // A fault loop that fails stops the load too, instead of leaving it to wait for a
+            // database that may not come back.
+            let failed = CancellationToken::new();
+            let load = load(config, &store, &pool, scenario, &failed);
+            let injected = async {
+                let injected = faults::inject(scenario, &targets, &stop).await;
+                if injected.is_err() {
+                    failed.cancel();
+                }
+                injected
+            };
+            let (created, injected) = tokio::join!(load, injected);
+            injected?;
+            let created = created?;
+            // The faults are over, those at the partner included: every job must now reach
+            // a terminal state.
+            partner.stop_observing();
+            if let Some(observer) = &at_partner {
+                observer.settle().await;
+            }
+            drain(config, &pool, scenario).await?;
+            Ok::<_, ChaosError>(created)
         }
-        drain(config, &pool, scenario).await?;
+        .await;
+        // Ends the supervisor whatever happened, so that an error is reported, not waited on.
         stop.cancel();
-        Ok::<_, ChaosError>(created)
+        worked
     };
     let (supervised, worked) = tokio::join!(supervise, work);
     stop.cancel();
@@ -516,6 +531,7 @@ async fn load(
     store: &PgExchange,
     pool: &PgPool,
     scenario: Scenario,
+    failed: &CancellationToken,
 ) -> Result<(Vec<i64>, Vec<i64>), ChaosError> {
     const TICK: Duration = Duration::from_millis(100);
     let ticks = (config.load_for.as_millis() / TICK.as_millis()).max(1) as usize;
@@ -523,7 +539,7 @@ async fn load(
     let mut created = Vec::with_capacity(config.transactions);
     let mut poison = Vec::new();
     let mut tick = tokio::time::interval(TICK);
-    while created.len() < config.transactions {
+    while created.len() < config.transactions && !failed.is_cancelled() {
         tick.tick().await;
         let n = per_tick.min(config.transactions - created.len());
         let batch: Vec<(String, i64)> = (0..n)
