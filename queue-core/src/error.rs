@@ -94,6 +94,21 @@ pub enum InvalidInput {
     /// A unique key holds a NUL character.
     #[error("the unique key holds a NUL character")]
     UniqueKeyNul,
+    /// A payload larger, as JSON text, than the backend's limit
+    /// ([`crate::limits::DEFAULT_MAX_PAYLOAD_BYTES`] unless configured).
+    #[error("the payload is {size} bytes of JSON, over the limit of {limit}")]
+    PayloadTooLarge {
+        /// The payload's size as JSON text.
+        size: usize,
+        /// The backend's limit.
+        limit: usize,
+    },
+    /// A unique key longer than [`crate::limits::MAX_UNIQUE_KEY_BYTES`].
+    #[error("the unique key is {len} bytes, over the limit of {max}", max = crate::limits::MAX_UNIQUE_KEY_BYTES)]
+    UniqueKeyTooLong {
+        /// The key's length in bytes.
+        len: usize,
+    },
     /// A delay longer than [`crate::limits::MAX_DELAY`].
     #[error("a delay of {0:?} is longer than the longest the queue schedules ({max:?})", max = crate::limits::MAX_DELAY)]
     DelayTooLong(Duration),

@@ -102,14 +102,33 @@ pub fn check_batch(items: &[(Claim, Finalize)]) -> Result<(), InvalidInput> {
 
 impl NewJob {
     /// Refuses a job no backend could store as given: NUL characters in the payload or the
-    /// unique key, a delay over [`MAX_DELAY`], an instant outside [`EARLIEST`]..=[`LATEST`].
-    /// Every backend runs it before anything is written.
+    /// unique key, a payload over [`DEFAULT_MAX_PAYLOAD_BYTES`], a unique key over
+    /// [`MAX_UNIQUE_KEY_BYTES`], a delay over [`MAX_DELAY`], an instant outside
+    /// [`EARLIEST`]..=[`LATEST`]. Backends run [`NewJob::check_within`] with their own payload
+    /// limit before anything is written.
     pub fn check(&self) -> Result<(), InvalidInput> {
+        self.check_within(DEFAULT_MAX_PAYLOAD_BYTES)
+    }
+
+    /// [`NewJob::check`] with a payload limit of `max_payload_bytes` (JSON text).
+    pub fn check_within(&self, max_payload_bytes: usize) -> Result<(), InvalidInput> {
+        let size = json_size(&self.payload);
+        if size > max_payload_bytes {
+            return Err(InvalidInput::PayloadTooLarge {
+                size,
+                limit: max_payload_bytes,
+            });
+        }
         if let Some(path) = nul_in(&self.payload, &mut String::new()) {
             return Err(InvalidInput::PayloadNul { path });
         }
-        if self.unique_key.as_deref().is_some_and(|k| k.contains('\0')) {
-            return Err(InvalidInput::UniqueKeyNul);
+        if let Some(key) = self.unique_key.as_deref() {
+            if key.contains('\0') {
+                return Err(InvalidInput::UniqueKeyNul);
+            }
+            if key.len() > MAX_UNIQUE_KEY_BYTES {
+                return Err(InvalidInput::UniqueKeyTooLong { len: key.len() });
+            }
         }
         match self.run_at {
             RunAt::After(delay) if delay > MAX_DELAY => Err(InvalidInput::DelayTooLong(delay)),
@@ -121,14 +140,101 @@ impl NewJob {
     }
 }
 
-/// Why a payload does not parse, without the payload's values: serde quotes the value it
-/// found (`invalid type: string "…"`, ``unknown variant `…` ``), and payloads may carry secrets,
-/// so every quoted or backticked part is replaced by `…`, except the name of a missing field
-/// (the handler's type's own). This is the text of `last_error` and of the event.
-pub fn payload_error_text(error: &serde_json::Error) -> String {
+/// The largest payload [`NewJob::check`] accepts by default, as JSON text: 1 MiB. Backends take
+/// another limit in their configuration (`MemoryBackend::with_max_payload_bytes`,
+/// `PgQueueConfig::max_payload_bytes`); a job is a row read by every claim, not a blob store.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The longest unique key, in bytes: 512. PostgreSQL's unique index refuses entries over about
+/// 2.7 kB with an error no caller can act on; a key is an identifier, not data.
+pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
+
+/// Why a stored payload does not parse into a handler's type, without any of the payload's
+/// values: payloads may carry secrets (a card number in a mistyped field), and this text goes to
+/// `last_error` and to the `queue.payload_malformed` event.
+///
+/// `path` is where (`amount`, `items[2].sku`); `reason` is serde's complaint with every value it
+/// quoted replaced by `…` (`invalid type: string "…", expected i64`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at {path}: {reason}")]
+pub struct PayloadError {
+    /// Where in the payload, as field names and indexes (`.` for the payload itself); a map key
+    /// that does not look like a field name is shown as `…`.
+    pub path: String,
+    /// What did not fit, without values.
+    pub reason: String,
+}
+
+/// Parses a stored payload into `T`, or says where and why it does not fit without quoting it
+/// ([`PayloadError`]). The worker parses every payload through it.
+///
+/// ```
+/// use queue_core::limits::parse_payload;
+///
+/// #[derive(serde::Deserialize, Debug)]
+/// struct Charge { card: u64 }
+///
+/// let err = parse_payload::<Charge>(&serde_json::json!({ "card": "4111 1111 1111 1111" }))
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "at card: invalid type: string \"…\", expected u64");
+/// ```
+pub fn parse_payload<T: serde::de::DeserializeOwned>(payload: &Value) -> Result<T, PayloadError> {
+    serde_path_to_error::deserialize(payload).map_err(|err| PayloadError {
+        path: path_text(err.path()),
+        reason: reason_text(err.inner()),
+    })
+}
+
+/// The path with map keys that could be data (not field-name shaped) replaced by `…`.
+fn path_text(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(if looks_like_a_field_name(key) {
+                    key
+                } else {
+                    "…"
+                });
+            }
+            Segment::Unknown => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push('?');
+            }
+        }
+    }
+    if out.is_empty() { ".".to_owned() } else { out }
+}
+
+/// A field name: an ASCII identifier of at most 40 characters. Longer or other keys (a card
+/// number, an e-mail address, a token with `-`) may be a map's data and are not shown.
+fn looks_like_a_field_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    key.len() <= 40
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// serde's complaint with its quoted values (`"…"`, `` `…` ``) and JSON positions taken out,
+/// except the name of a missing field (the handler's type's own).
+fn reason_text(error: &serde_json::Error) -> String {
     let message = error.to_string();
+    // serde_json adds " at line L column C", which says nothing about a payload read from a row.
+    let message = match message.rfind(" at line ") {
+        Some(at) => &message[..at],
+        None => &message,
+    };
     if message.starts_with("missing field `") {
-        return message;
+        return message.to_owned();
     }
     let mut out = String::with_capacity(message.len());
     let mut open: Option<char> = None;
@@ -148,6 +254,23 @@ pub fn payload_error_text(error: &serde_json::Error) -> String {
         }
     }
     out
+}
+
+/// The size of `value` as JSON text, without building the text.
+pub fn json_size(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).expect("a JSON value always serialises");
+    count.0
 }
 
 /// The JSON pointer of the first NUL character in a string or key of `value`.
@@ -186,7 +309,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_payload_error_names_no_value_of_the_payload() {
+    fn a_payload_error_names_where_and_no_value_of_the_payload() {
         #[derive(Debug, serde::Deserialize)]
         #[allow(dead_code)]
         enum Kind {
@@ -194,18 +317,29 @@ mod tests {
         }
         #[derive(Debug, serde::Deserialize)]
         #[allow(dead_code)]
+        struct Item {
+            sku: u32,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
         struct Args {
             amount: i64,
             kind: Kind,
+            #[serde(default)]
+            items: Vec<Item>,
+            #[serde(default)]
+            tags: std::collections::HashMap<String, u8>,
         }
-        let text = |value: serde_json::Value| {
-            payload_error_text(&serde_json::from_value::<Args>(value).unwrap_err())
-        };
+        let text =
+            |value: serde_json::Value| parse_payload::<Args>(&value).unwrap_err().to_string();
         let secret = "4111-1111-1111-1111";
         for hostile in [
             json!({ "amount": secret, "kind": "Card" }),
             json!({ "amount": 1, "kind": secret }),
             json!({ "amount": 1, "kind": { secret: 1 } }),
+            json!({ "amount": 1, "kind": "Card", "items": [{ "sku": secret }] }),
+            json!({ "amount": 1, "kind": "Card", "tags": { secret: "x" } }),
+            json!({ "amount": 1, "kind": "Card", "tags": { "4111111111111111": 1000 } }),
             json!(secret),
             json!([secret, 1]),
         ] {
@@ -213,13 +347,51 @@ mod tests {
             assert!(!text.contains("4111"), "{text}");
             assert!(!text.is_empty());
         }
-        assert_eq!(text(json!({ "kind": "Card" })), "missing field `amount`");
+        assert_eq!(
+            text(json!({ "kind": "Card" })),
+            "at .: missing field `amount`"
+        );
         assert_eq!(
             text(json!({ "amount": "x", "kind": "Card" })),
-            "invalid type: string \"…\", expected i64"
+            "at amount: invalid type: string \"…\", expected i64"
+        );
+        assert_eq!(
+            text(json!({ "amount": 1, "kind": "Card", "items": [{ "sku": 1 }, { "sku": "x" }] })),
+            "at items[1].sku: invalid type: string \"…\", expected u32"
+        );
+        assert_eq!(
+            text(json!({ "amount": 1, "kind": "Card", "tags": { "card 4111": 1000 } })),
+            "at tags.…: invalid value: integer `…`, expected u8"
         );
         // Numbers are values too.
         assert!(!text(json!({ "amount": 1.5, "kind": "Card" })).contains("1.5"));
+    }
+
+    #[test]
+    fn a_job_over_a_size_limit_is_refused_with_its_size() {
+        let big = NewJob::from_value(json!("x".repeat(100)));
+        assert_eq!(json_size(&big.payload), 102);
+        assert!(big.check_within(102).is_ok());
+        assert_eq!(
+            big.check_within(101),
+            Err(InvalidInput::PayloadTooLarge {
+                size: 102,
+                limit: 101
+            })
+        );
+        let keyed = |len: usize| NewJob::from_value(json!({})).unique_key("k".repeat(len));
+        assert!(keyed(MAX_UNIQUE_KEY_BYTES).check().is_ok());
+        assert_eq!(
+            keyed(MAX_UNIQUE_KEY_BYTES + 1).check(),
+            Err(InvalidInput::UniqueKeyTooLong {
+                len: MAX_UNIQUE_KEY_BYTES + 1
+            })
+        );
+        let huge = NewJob::from_value(json!("x".repeat(DEFAULT_MAX_PAYLOAD_BYTES)));
+        assert!(matches!(
+            huge.check(),
+            Err(InvalidInput::PayloadTooLarge { .. })
+        ));
     }
 
     #[test]

@@ -39,6 +39,7 @@ use crate::types::{
 pub struct MemoryBackend {
     store: Arc<Store>,
     queue: QueueName,
+    max_payload_bytes: usize,
 }
 
 struct Store {
@@ -221,6 +222,7 @@ impl MemoryBackend {
                 wake: Arc::new(Notify::new()),
             }),
             queue: QueueName::default(),
+            max_payload_bytes: crate::limits::DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 
@@ -229,7 +231,27 @@ impl MemoryBackend {
         MemoryBackend {
             store: self.store.clone(),
             queue,
+            max_payload_bytes: self.max_payload_bytes,
         }
+    }
+
+    /// This handle refuses payloads over `bytes` of JSON text
+    /// (default [`crate::limits::DEFAULT_MAX_PAYLOAD_BYTES`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use queue_core::{Backend, Error, InvalidInput, MemoryBackend, NewJob};
+    ///
+    /// let queue = MemoryBackend::new().with_max_payload_bytes(16);
+    /// let payload = "x".repeat(21); // 23 bytes as JSON, with its quotes
+    /// let err = queue.enqueue(NewJob::new(&payload).unwrap()).await.unwrap_err();
+    /// assert!(matches!(err, Error::Invalid(InvalidInput::PayloadTooLarge { size: 23, limit: 16 })));
+    /// assert_eq!(queue.counts().await.unwrap().total(), 0);
+    /// # }
+    /// ```
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
     }
 
     /// The backend's clock: system time plus the offset moved by [`MemoryBackend::advance_clock`].
@@ -386,7 +408,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        job.check()?;
+        job.check_within(self.max_payload_bytes)?;
         let now = self.now();
         let (enqueued, _) = self.store.state.lock().await.insert(&self.queue, job, now);
         self.wake();
@@ -395,7 +417,7 @@ impl Backend for MemoryBackend {
 
     async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
-            job.check()?;
+            job.check_within(self.max_payload_bytes)?;
         }
         let now = self.now();
         let mut state = self.store.state.lock().await;
@@ -409,7 +431,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn enqueue_in(&self, tx: &mut MemoryTx, job: NewJob) -> Result<Enqueued> {
-        job.check()?;
+        job.check_within(self.max_payload_bytes)?;
         let now = tx.now;
         let (enqueued, id) = tx.state().insert(&self.queue, job, now);
         if !enqueued.duplicate {

@@ -17,6 +17,10 @@ pub struct PgQueueConfig {
     pub notify_on_enqueue: bool,
     /// Keep a `LISTEN` connection and wake this handle's workers on notifications (default true).
     pub listen: bool,
+    /// The largest payload an enqueue accepts, as JSON text (default
+    /// [`queue_core::limits::DEFAULT_MAX_PAYLOAD_BYTES`], 1 MiB); a larger one is refused with
+    /// `InvalidInput::PayloadTooLarge` before anything is written.
+    pub max_payload_bytes: usize,
 }
 
 impl Default for PgQueueConfig {
@@ -26,6 +30,7 @@ impl Default for PgQueueConfig {
             queue: QueueName::default(),
             notify_on_enqueue: true,
             listen: true,
+            max_payload_bytes: queue_core::limits::DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }

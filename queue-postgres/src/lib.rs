@@ -58,7 +58,8 @@
 //! * `sqlx` (default): [`PgQueue`] on a `sqlx::PgPool`. Enable a TLS feature of sqlx in your
 //!   own crate if your database needs one.
 //! * `tokio-postgres`: [`TokioPostgresQueue`] on a `deadpool_postgres::Pool`, with its own
-//!   `LISTEN` connection (no TLS).
+//!   `LISTEN` connection, with the pool's TLS connector through
+//!   [`TokioPostgresQueue::connect_with_tls`].
 //! * `testing`: scratch databases and time travel for tests against a real PostgreSQL
 //!   (`queue_postgres::testing`; uses sqlx).
 //!
@@ -75,6 +76,7 @@ mod encode;
 mod error;
 mod ident;
 mod queue;
+mod redact;
 mod schema;
 mod sql;
 mod statement;
@@ -94,6 +96,7 @@ pub use driver::{Column, Driver, Param, ParamVisitor, Params, bounds};
 pub use error::PgError;
 pub use ident::TableName;
 pub use queue::{PostgresQueue, PostgresTx, Row};
+pub use redact::{REDACTED, redact_url};
 pub use schema::{
     MIGRATIONS_TABLE, create_table_sql, table_migration_sql, table_migration_versions,
     upgrade_legacy_sql,
@@ -107,5 +110,5 @@ pub use sqlx_driver::{MIGRATOR, PgQueue, PgTx, Sqlx, migrate};
 #[cfg(feature = "tokio-postgres")]
 #[allow(deprecated)]
 pub use tokio_postgres_driver::{
-    TokioPostgres, TokioPostgresConn, TokioPostgresQueue, TokioPostgresTx, TpQueue, TpTx,
+    ListenTls, TokioPostgres, TokioPostgresConn, TokioPostgresQueue, TokioPostgresTx, TpQueue, TpTx,
 };

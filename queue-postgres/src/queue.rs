@@ -113,7 +113,7 @@ impl<D: Driver> PostgresQueue<D> {
             return Ok(Vec::new());
         }
         for job in &jobs {
-            job.check()?;
+            job.check_within(self.inner.config.max_payload_bytes)?;
         }
         let config = &self.inner.config;
         let target = EnqueueTarget {

@@ -127,11 +127,25 @@ pub(crate) fn render(template: Template, values: &[(&str, &str)]) -> Result<Stri
 }
 
 /// Renders `template` for `table`.
+///
+/// `{{queue_default}}` is the `queue` column's default: `'default'` (the default queue) in the
+/// standard table, as earlier releases created it; none in a table of another name, which
+/// serves queues of its own, so that a row inserted by hand without its queue is refused instead
+/// of landing in a queue nobody serves.
 pub(crate) fn for_table(template: Template, table: &TableName) -> Result<String, PgError> {
     let columns = COLUMNS.map(|(name, _)| name).join(", ");
+    let queue_default = if *table == TableName::default() {
+        " DEFAULT 'default'"
+    } else {
+        ""
+    };
     render(
         template,
-        &[("table", table.as_str()), ("columns", &columns)],
+        &[
+            ("table", table.as_str()),
+            ("columns", &columns),
+            ("queue_default", queue_default),
+        ],
     )
 }
 

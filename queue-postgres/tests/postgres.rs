@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BackendTx, Claim, ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, Handler,
-    JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, Worker, WorkerConfig,
+    InvalidInput, JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, Worker,
+    WorkerConfig,
 };
 use queue_postgres::{PgError, PgQueueConfig, PostgresQueue, TableName};
 use serde_json::{Value, json};
@@ -37,6 +38,7 @@ per_driver!(
     a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once,
     an_enqueue_that_fails_inserts_nothing,
     a_database_error_names_the_servers_message_but_no_row_values,
+    the_payload_limit_is_the_queues_own,
 );
 
 /// The server process of a transaction's connection.
@@ -628,6 +630,15 @@ async fn a_custom_table_works_and_keeps_its_queues_apart<D: TestDriver>() {
         .await
         .unwrap();
     assert_eq!(standard, 0, "the custom table's jobs went elsewhere");
+    // A row written by hand without its queue is refused, not parked in a queue nobody serves.
+    let err = sqlx::query("INSERT INTO mail_jobs (payload) VALUES ('{}')")
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code().map(|c| c.into_owned()));
+    assert_eq!(code.as_deref(), Some("23502"), "{err}");
     db.drop_db().await;
 }
 
@@ -901,6 +912,39 @@ async fn a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_o
     shift(21).await;
     let taken = queue.claim(short).await.unwrap().jobs.remove(0);
     assert_eq!((taken.id, taken.generation), (id, ClaimGeneration(3)));
+    db.drop_db().await;
+}
+
+/// A queue's configured payload limit refuses a larger payload in every enqueue path, before
+/// anything is written, and names the sizes, not the payload.
+async fn the_payload_limit_is_the_queues_own<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let config = PgQueueConfig {
+        max_payload_bytes: 64,
+        ..PgQueueConfig::default()
+    };
+    let queue = support::connect::<D>(&db, config).await.unwrap();
+    let fits = NewJob::from_value(json!({ "note": "x".repeat(40) }));
+    let over = NewJob::from_value(json!({ "card": "4111 1111 1111 1111", "note": "x".repeat(40) }));
+    queue.enqueue(fits.clone()).await.unwrap();
+    for result in [
+        queue.enqueue(over.clone()).await,
+        queue
+            .enqueue_many(vec![fits, over.clone()])
+            .await
+            .map(|_| unreachable!()),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                queue_core::Error::Invalid(InvalidInput::PayloadTooLarge { limit: 64, .. })
+            ),
+            "{err:?}"
+        );
+        assert!(!err.to_string().contains("4111"), "{err}");
+    }
+    assert_eq!(queue.counts().await.unwrap().total(), 1);
     db.drop_db().await;
 }
 

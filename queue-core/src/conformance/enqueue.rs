@@ -9,6 +9,7 @@ use serde_json::json;
 use super::{Harness, claim, enqueue, record};
 use crate::backend::{Backend, BackendTx};
 use crate::error::Error;
+use crate::limits::{DEFAULT_MAX_PAYLOAD_BYTES, MAX_UNIQUE_KEY_BYTES};
 use crate::types::{Finalize, JobId, NewJob, RunAt};
 
 cases! {
@@ -106,6 +107,9 @@ cases! {
             fine().unique_key("key\0"),
             fine().run_at(RunAt::After(Duration::MAX)),
             fine().run_at(RunAt::At(DateTime::<Utc>::MAX_UTC)),
+            // Over the default payload limit, and a key longer than any index keeps.
+            NewJob::from_value(json!({ "blob": "4111".repeat(DEFAULT_MAX_PAYLOAD_BYTES / 4) })),
+            fine().unique_key("4111".repeat(MAX_UNIQUE_KEY_BYTES)),
         ];
         for job in bad {
             let err = b.enqueue(job.clone()).await.unwrap_err();

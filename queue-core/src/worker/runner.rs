@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use serde::Deserialize as _;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -99,10 +98,10 @@ async fn outcome_of<B: Backend, H: Handler>(
             reason: CANCEL_REQUESTED_MESSAGE.to_owned(),
         };
     }
-    match H::Payload::deserialize(&job.payload) {
+    match crate::limits::parse_payload::<H::Payload>(&job.payload) {
         Err(err) => {
             // The error text names no payload value: payloads may carry secrets.
-            let error = crate::limits::payload_error_text(&err);
+            let error = err.to_string();
             events::payload_malformed(shared.backend.queue(), job.id, &error);
             Finalize::Fail {
                 error: format!("malformed payload: {error}"),

@@ -154,6 +154,39 @@ impl TempCluster {
         .map(drop)
     }
 
+    /// Makes the server accept TCP connections only over TLS, with the certificate `cert_pem`
+    /// and its key `key_pem`, and restarts it. Connections over its Unix socket stay open.
+    pub fn require_tls(&self, cert_pem: &str, key_pem: &str) -> Result<(), ClusterError> {
+        let data = self.data_dir();
+        std::fs::write(data.join("server.crt"), cert_pem)?;
+        std::fs::write(data.join("server.key"), key_pem)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // The server refuses a key that others can read.
+            std::fs::set_permissions(
+                data.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )?;
+        }
+        if self.as_postgres {
+            run(Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(data.join("server.crt"))
+                .arg(data.join("server.key")))?;
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        std::io::Write::write_all(&mut conf, b"\nssl = on\n")?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\n\
+             hostssl all all 127.0.0.1/32 trust\n\
+             hostnossl all all 0.0.0.0/0 reject\n",
+        )?;
+        self.restart()
+    }
+
     /// The server's log file.
     pub fn log_file(&self) -> PathBuf {
         self.dir.join("server.log")

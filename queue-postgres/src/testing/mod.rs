@@ -71,9 +71,10 @@ impl ScratchDb {
             .disable_statement_logging();
         let mut conn = admin.connect().await.unwrap_or_else(|err| {
             panic!(
-                "PostgreSQL is not reachable at {url} ({err}). These tests need it and never skip: \
+                "PostgreSQL is not reachable at {} ({err}). These tests need it and never skip: \
                  start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
-                 or point QUEUE_TEST_PG_URL at a server"
+                 or point QUEUE_TEST_PG_URL at a server",
+                crate::redact_url(&url)
             )
         });
         let nanos = std::time::SystemTime::now()

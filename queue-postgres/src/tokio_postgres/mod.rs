@@ -5,6 +5,8 @@
 mod listener;
 mod transaction;
 
+pub use listener::ListenTls;
+
 use transaction::OpenTransaction;
 
 use std::ops::{Deref, DerefMut};
@@ -35,7 +37,8 @@ pub struct TokioPostgres;
 /// let manager = deadpool_postgres::Manager::new(pg.clone(), tokio_postgres::NoTls);
 /// let pool = deadpool_postgres::Pool::builder(manager).max_size(16).build()?;
 /// TokioPostgresQueue::install_table(&pool, &TableName::default()).await?;
-/// // `pg` opens the dedicated LISTEN connection (no TLS; set `listen: false` to poll only).
+/// // `pg` opens the dedicated LISTEN connection (`connect_with_tls` gives it the pool's TLS
+/// // connector; set `listen: false` to poll only).
 /// let queue = TokioPostgresQueue::connect(pool, PgQueueConfig::default(), pg).await?;
 /// queue.enqueue(NewJob::new(&"hello")?).await?;
 /// # Ok(()) }
@@ -204,8 +207,22 @@ impl PostgresQueue<TokioPostgres> {
         config: PgQueueConfig,
         pg_config: tokio_postgres::Config,
     ) -> Result<Self, PgError> {
-        let listen =
-            Box::new(move |channel, queue, wake| listener::spawn(pg_config, channel, queue, wake));
+        Self::connect_with_tls(pool, config, pg_config, tokio_postgres::NoTls).await
+    }
+
+    /// [`TokioPostgresQueue::connect`] with the `LISTEN` connection opened through `tls`: give
+    /// it the connector the pool's `Manager` has, so that wake-ups travel as the queries do
+    /// (and work on a server that accepts only TLS).
+    pub async fn connect_with_tls(
+        pool: Pool,
+        config: PgQueueConfig,
+        pg_config: tokio_postgres::Config,
+        tls: impl ListenTls,
+    ) -> Result<Self, PgError> {
+        let tls: std::sync::Arc<dyn ListenTls> = std::sync::Arc::new(tls);
+        let listen = Box::new(move |channel, queue, wake| {
+            listener::spawn(pg_config, tls, channel, queue, wake)
+        });
         Self::open(pool, config, listen).await
     }
 }
