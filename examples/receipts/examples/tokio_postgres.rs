@@ -17,7 +17,8 @@ async fn main() -> Result<(), BoxError> {
 
     let table = TableName::new("receipt_jobs")?;
     let config = PgQueueConfig::new(table, QueueName::new("receipts")?);
-    // The same schema check as on sqlx; `pg` opens the LISTEN connection (no TLS).
+    // The same schema check as on sqlx; `pg` opens the LISTEN connection (use
+    // `connect_with_tls` with the Manager's TLS connector when the database needs TLS).
     let queue = TokioPostgresQueue::connect(pool.clone(), config, pg).await?;
 
     // An order and its receipt job in one transaction of yours.
