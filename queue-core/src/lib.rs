@@ -63,6 +63,7 @@ mod handler;
 mod hooks;
 pub mod limits;
 mod memory;
+pub mod metrics;
 mod retry;
 mod types;
 mod worker;

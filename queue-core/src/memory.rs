@@ -411,6 +411,7 @@ impl Backend for MemoryBackend {
         job.check_within(self.max_payload_bytes)?;
         let now = self.now();
         let (enqueued, _) = self.store.state.lock().await.insert(&self.queue, job, now);
+        crate::metrics::record_enqueued(&self.queue, u64::from(!enqueued.duplicate));
         self.wake();
         Ok(enqueued)
     }
@@ -421,11 +422,13 @@ impl Backend for MemoryBackend {
         }
         let now = self.now();
         let mut state = self.store.state.lock().await;
-        let out = jobs
+        let out: Vec<Enqueued> = jobs
             .into_iter()
             .map(|job| state.insert(&self.queue, job, now).0)
             .collect();
         drop(state);
+        let new = out.iter().filter(|e| !e.duplicate).count();
+        crate::metrics::record_enqueued(&self.queue, new as u64);
         self.wake();
         Ok(out)
     }
@@ -434,6 +437,7 @@ impl Backend for MemoryBackend {
         job.check_within(self.max_payload_bytes)?;
         let now = tx.now;
         let (enqueued, id) = tx.state().insert(&self.queue, job, now);
+        crate::metrics::record_enqueued(&self.queue, u64::from(!enqueued.duplicate));
         if !enqueued.duplicate {
             tx.undo.push((id, None));
             tx.wake = Some(self.store.wake.clone());
@@ -516,6 +520,7 @@ impl Backend for MemoryBackend {
                 over_reclaim_cap,
                 cancel_requested,
                 claimed_at: now,
+                due_at: row.next_attempt_at,
                 priority: row.priority,
                 payload: row.payload.clone(),
             });

@@ -308,6 +308,9 @@ pub struct ClaimedJob {
     pub cancel_requested: bool,
     /// When this claim was stamped, by the backend's clock.
     pub claimed_at: DateTime<Utc>,
+    /// When the job was due (`next_attempt_at`), by the backend's clock: `claimed_at - due_at`
+    /// is how long it waited for a worker.
+    pub due_at: DateTime<Utc>,
     /// The job's priority.
     pub priority: i16,
     /// The job's arguments.
@@ -538,6 +541,7 @@ impl JobRecord {
             over_reclaim_cap: false,
             cancel_requested: false,
             claimed_at: self.claimed_at.unwrap_or(self.created_at),
+            due_at: self.next_attempt_at,
             priority: self.priority,
             payload: self.payload.clone(),
         }
@@ -680,6 +684,7 @@ mod tests {
             over_reclaim_cap: false,
             cancel_requested: false,
             claimed_at: Utc::now(),
+            due_at: Utc::now(),
             priority: 0,
             payload: Value::Null,
         };

@@ -16,7 +16,8 @@
 -- takeover also counts a reclaim, and one past the reclaim cap comes back flagged
 -- over_reclaim_cap (its holder ends it dead through finalize.sql, with the hooks); a job whose
 -- cancel an operator requested comes back flagged cancel_requested (its holder ends it
--- cancelled). Rows come back in claim order.
+-- cancelled). Rows come back in claim order, each with when it was due (due_at: the worker's
+-- start-lag metric).
 WITH due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
     FROM "{{table}}"
@@ -59,7 +60,7 @@ claimed AS (
               (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,
               j.cancel_requested_at IS NOT NULL AS cancel_requested
 )
-SELECT id, claim_generation, attempts, reclaims, claimed_at, priority, payload, taken_over,
-       over_reclaim_cap, cancel_requested
+SELECT id, claim_generation, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
+       payload, taken_over, over_reclaim_cap, cancel_requested
 FROM claimed
 ORDER BY next_attempt_at, priority, id

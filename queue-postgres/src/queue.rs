@@ -123,7 +123,10 @@ impl<D: Driver> PostgresQueue<D> {
                 .notify_on_enqueue
                 .then_some(self.inner.channel.as_str()),
         };
-        statement::enqueue::<D>(conn, &self.inner.sql, &target, jobs).await
+        let enqueued = statement::enqueue::<D>(conn, &self.inner.sql, &target, jobs).await?;
+        let new = enqueued.iter().filter(|e| !e.duplicate).count();
+        queue_core::metrics::record_enqueued(&config.queue, new as u64);
+        Ok(enqueued)
     }
 
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome

@@ -247,6 +247,7 @@ fn claimed_job<D: Driver>(row: &D::Row) -> Result<ClaimedJob, PgError> {
         over_reclaim_cap: get::<D, _>(row, "over_reclaim_cap")?,
         cancel_requested: get::<D, _>(row, "cancel_requested")?,
         claimed_at: get::<D, _>(row, "claimed_at")?,
+        due_at: get::<D, _>(row, "due_at")?,
         priority: get::<D, _>(row, "priority")?,
         payload: get::<D, _>(row, "payload")?,
     })

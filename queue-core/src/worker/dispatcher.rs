@@ -167,6 +167,7 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         let batch = match result {
             Ok(batch) => batch,
             Err(err) => {
+                self.shared.metrics.claim_failed();
                 self.shared.stats.send_modify(|s| s.claim_failures += 1);
                 let outage = self.outage.get_or_insert_with(|| Outage {
                     failures: 0,
@@ -187,9 +188,13 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         if let Some(outage) = self.outage.take() {
             events::claim_recovered(queue, outage.failures, outage.since.elapsed());
         }
+        self.shared.metrics.claim(sent.elapsed());
         let got = batch.jobs.len();
         self.shared.stats.send_modify(|s| s.claimed += got as u64);
         for job in batch.jobs {
+            self.shared
+                .metrics
+                .claimed(job.taken_over, job.claimed_at - job.due_at);
             if job.taken_over {
                 events::job_reclaimed(queue, &job);
             }
@@ -221,7 +226,10 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             let run = async move {
                 if still_held(&shared, &for_task, &clock).await {
                     shared.stats.send_modify(|s| s.started += 1);
+                    shared.metrics.started();
+                    let metrics = shared.metrics.clone();
                     run_job(shared, for_task, cancel_for_task, clock).await;
+                    metrics.stopped();
                 }
             };
             let task = self.running.spawn(run);
@@ -298,6 +306,7 @@ async fn still_held<B: Backend, H: Handler>(
         }
         Ok(Heartbeat::Lost) => {
             events::lease_lost(shared.backend.queue(), job.claim());
+            shared.metrics.stale();
             shared.stats.send_modify(|s| s.stale += 1);
             false
         }

@@ -24,6 +24,7 @@ use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::events;
 use crate::hooks::{Hooks, finalize_once};
+use crate::metrics::QueueMetrics;
 use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobStatus};
 
 /// The first pause before a failed write is tried again; pauses double from here.
@@ -89,13 +90,14 @@ where
     pub(super) fn start(
         backend: B,
         hooks: Hooks<B::Tx, P>,
-        stats: watch::Sender<WorkerStats>,
+        (stats, metrics): (watch::Sender<WorkerStats>, QueueMetrics),
         lease: Duration,
         (batch, capacity): (bool, usize),
     ) -> (Self, Option<BatchTask>) {
         let writer = Arc::new(Writer {
             backend,
             stats,
+            metrics,
             lease,
         });
         let (sender, task) = if batch && hooks.is_empty() {
@@ -195,7 +197,10 @@ where
         let mut maybe_written = false;
         let mut hook_failures = 0;
         loop {
-            let err = match finalize_once(&writer.backend, &self.hooks, job, &action).await {
+            let sent = Instant::now();
+            let result = finalize_once(&writer.backend, &self.hooks, job, &action).await;
+            writer.metrics.finalize(sent.elapsed());
+            let err = match result {
                 Ok(FinalizeOutcome::Stale) if maybe_written => {
                     let written = writer.confirm(job.claim(), &action).await;
                     return (action, written);
@@ -213,6 +218,9 @@ where
             // A hook error rolled everything back; a lost connection may have committed.
             maybe_written |= failing_hook.is_none();
             hook_failures += u32::from(failing_hook.is_some());
+            if failing_hook.is_some() {
+                writer.metrics.hook_failed();
+            }
             let until = match failing_hook {
                 Some(_) if hook_failures < HOOK_TRIES => Instant::now() + LONGEST_PAUSE * 2,
                 Some(_) => deadline.checked_sub(writer.lease / 10).unwrap_or(deadline),
@@ -241,6 +249,7 @@ where
 struct Writer<B> {
     backend: B,
     stats: watch::Sender<WorkerStats>,
+    metrics: QueueMetrics,
     lease: Duration,
 }
 
@@ -310,6 +319,7 @@ impl<B: Backend> Writer<B> {
                 Err((err, _)) => {
                     let claim = (batch.len() == 1).then(|| batch[0].claim);
                     events::finalize_failed(self.backend.queue(), claim, batch.len(), &err);
+                    self.metrics.finalize_failed(batch.len() as u64);
                     self.stats
                         .send_modify(|s| s.finalize_errors += batch.len() as u64);
                 }
@@ -332,7 +342,10 @@ impl<B: Backend> Writer<B> {
             .unwrap_or_else(Instant::now);
         let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
         loop {
-            match self.backend.finalize_many(&items).await {
+            let sent = Instant::now();
+            let result = self.backend.finalize_many(&items).await;
+            self.metrics.finalize(sent.elapsed());
+            match result {
                 Ok(outcomes) => {
                     let mut written = Vec::with_capacity(outcomes.len());
                     for ((claim, action), outcome) in items.iter().zip(outcomes) {
@@ -361,6 +374,7 @@ impl<B: Backend> Writer<B> {
     /// Counts an outcome and emits its event.
     fn report(&self, claim: Claim, action: &Finalize, written: &Written) {
         emit(self.backend.queue(), claim, action, written);
+        measure(&self.metrics, action, written);
         self.stats.send_modify(|s| count(s, action, written));
     }
 
@@ -370,6 +384,7 @@ impl<B: Backend> Writer<B> {
         let queue = self.backend.queue();
         for (outcome, written) in batch.iter().zip(&written) {
             emit(queue, outcome.claim, &outcome.action, written);
+            measure(&self.metrics, &outcome.action, written);
         }
         self.stats.send_modify(|s| {
             for (outcome, written) in batch.iter().zip(&written) {
@@ -384,6 +399,14 @@ fn emit(queue: &crate::types::QueueName, claim: Claim, action: &Finalize, writte
         Written::Done(outcome) => events::finalized(queue, claim, action, *outcome),
         Written::Unknown => events::finalize_unknown(queue, claim, action),
         Written::Failed(err) => events::finalize_failed(queue, Some(claim), 1, err),
+    }
+}
+
+fn measure(metrics: &QueueMetrics, action: &Finalize, written: &Written) {
+    match written {
+        Written::Done(outcome) => metrics.written(action, *outcome),
+        Written::Unknown => metrics.unknown(),
+        Written::Failed(_) => metrics.finalize_failed(1),
     }
 }
 

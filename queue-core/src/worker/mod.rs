@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::events;
 use crate::handler::Handler;
 use crate::hooks::{FinalizeHook, Hooks};
+use crate::metrics::QueueMetrics;
 use dispatcher::Dispatcher;
 use finalizer::Finalizer;
 
@@ -89,10 +90,11 @@ impl<B: Backend, H: Handler> Worker<B, H> {
     pub fn start(self) -> WorkerHandle {
         let (stats_tx, stats_rx) = watch::channel(WorkerStats::default());
         let stop = CancellationToken::new();
+        let metrics = QueueMetrics::new(self.backend.queue());
         let (finalizer, batch_task) = Finalizer::start(
             self.backend.clone(),
             self.hooks,
-            stats_tx.clone(),
+            (stats_tx.clone(), metrics.clone()),
             self.config.lease.duration(),
             (self.config.batch_finalize, self.config.slots()),
         );
@@ -102,6 +104,7 @@ impl<B: Backend, H: Handler> Worker<B, H> {
             config: self.config,
             finalizer,
             stats: stats_tx,
+            metrics,
         });
         let task = tokio::spawn(run(shared, stop.clone(), batch_task));
         WorkerHandle {
@@ -119,6 +122,7 @@ struct Shared<B: Backend, H: Handler> {
     config: WorkerConfig,
     finalizer: Finalizer<B, H::Payload>,
     stats: watch::Sender<WorkerStats>,
+    metrics: QueueMetrics,
 }
 
 /// The worker's life: dispatch until asked to stop, then shut down.

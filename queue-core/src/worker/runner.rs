@@ -168,7 +168,10 @@ async fn run_handler<B: Backend, H: Handler>(
         AbortOnDrop(tokio::spawn(beat))
     });
     let timeout = shared.config.job_timeout;
-    match tokio::time::timeout(timeout, run).await {
+    let started = tokio::time::Instant::now();
+    let ran = tokio::time::timeout(timeout, run).await;
+    shared.metrics.ran(started.elapsed());
+    match ran {
         Ok(Ok(result)) => result,
         Ok(Err(panic)) => {
             let message = panic_message(&*panic);
@@ -314,6 +317,7 @@ mod tests {
             over_reclaim_cap: false,
             cancel_requested: false,
             claimed_at: chrono::Utc::now(),
+            due_at: chrono::Utc::now(),
             priority: 0,
             payload: serde_json::Value::Null,
         }
