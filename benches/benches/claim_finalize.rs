@@ -308,8 +308,54 @@ fn finalize(c: &mut Criterion) {
     rt.block_on(db.drop_db());
 }
 
+/// `Backend::stats` on a million rows: the queue's history, a due backlog, an hour of
+/// completions (the last reads every row finished in the hour).
+fn stats(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("stats");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    // (label, due rows, finished rows, how long ago they finished)
+    let shapes: [(&str, u64, u64, &str); 3] = [
+        ("due_1k_finished_1m_a_day_ago", 1_000, 1_000_000, "1 day"),
+        ("due_1m", 1_000_000, 0, "1 day"),
+        ("due_1k_finished_1m_this_hour", 1_000, 1_000_000, "10 minutes"),
+    ];
+    for (label, due, finished, ago) in shapes {
+        let db = rt.block_on(benches::scratch_db());
+        let queue = rt.block_on(benches::queue(&db.pool));
+        rt.block_on(benches::load(&db.pool, due, 0));
+        rt.block_on(async {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO queue_jobs (status, payload, finished_at, next_attempt_at)
+                 SELECT 'completed', '{{}}', now() - interval '{ago}', now() - interval '{ago}'
+                 FROM generate_series(1, $1);
+                 "
+            )))
+            .bind(finished as i64)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+            sqlx::raw_sql("VACUUM ANALYZE queue_jobs")
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        });
+        group.bench_function(label, |b| {
+            b.to_async(&rt).iter(|| {
+                let queue = queue.clone();
+                async move { queue.stats(Duration::from_secs(60)).await.unwrap() }
+            })
+        });
+        rt.block_on(db.drop_db());
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    stats,
     claim_batches,
     claim_against_backlog,
     finalize,

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -10,6 +11,7 @@ use crate::error::Result;
 use crate::types::{
     CancelOutcome, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
     FinalizeOutcome, Heartbeat, JobId, JobRecord, Lease, NewJob, QueueCounts, QueueName,
+    QueueStats,
 };
 
 /// A transaction of a backend: the fenced write and every hook commit together or not at all.
@@ -134,8 +136,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Reads one job of this queue.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
 
-    /// Counts this queue's jobs by status.
+    /// Counts this queue's jobs by status, every row of the queue read: exact, and slow on a
+    /// large table (use [`Backend::stats`] for monitoring).
     fn counts(&self) -> impl Future<Output = Result<QueueCounts>> + Send;
+
+    /// This queue's health, cheap on large tables ([`QueueStats`]): backlog, lag, leases
+    /// expired or ending within `window`, jobs ended in the last hour.
+    fn stats(&self, window: Duration) -> impl Future<Output = Result<QueueStats>> + Send;
 
     /// A signal the backend fires when new work may be available (an in-process enqueue, a
     /// PostgreSQL `NOTIFY`). Workers wait on it as well as on their poll interval. `None` means

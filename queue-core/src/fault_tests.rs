@@ -152,6 +152,10 @@ impl Backend for Faulty {
         self.inner.counts().await
     }
 
+    async fn stats(&self, window: Duration) -> Result<crate::QueueStats> {
+        self.inner.stats(window).await
+    }
+
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         self.inner.wake_signal()
     }

@@ -87,8 +87,8 @@ pub use retry::RetryPolicy;
 pub use types::{
     CANCEL_REQUESTED_MESSAGE, CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, Claim,
     ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Enqueued,
-    Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts,
-    QueueName, RECLAIM_CAP_MESSAGE, RunAt,
+    Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus, Lease,
+    NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
 };
 pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

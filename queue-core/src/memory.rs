@@ -641,6 +641,55 @@ impl Backend for MemoryBackend {
         Ok(counts)
     }
 
+    async fn stats(&self, window: std::time::Duration) -> Result<crate::types::QueueStats> {
+        let now = self.now();
+        let window = chrono::Duration::from_std(window).unwrap_or(chrono::TimeDelta::MAX);
+        let hour_ago = now - chrono::Duration::hours(1);
+        let state = self.store.state.lock().await;
+        let mut stats = crate::types::QueueStats::default();
+        let mut oldest_due: Option<DateTime<Utc>> = None;
+        for job in state
+            .jobs
+            .values()
+            .filter(|j| j.queue == self.queue.as_str())
+        {
+            match job.status {
+                JobStatus::Pending if job.next_attempt_at <= now => {
+                    stats.due += 1;
+                    oldest_due = Some(
+                        oldest_due.map_or(job.next_attempt_at, |o| o.min(job.next_attempt_at)),
+                    );
+                }
+                JobStatus::Pending => stats.scheduled += 1,
+                JobStatus::InFlight => {
+                    stats.in_flight += 1;
+                    match job.lease_expires_at {
+                        Some(at) if at < now => stats.lease_expired += 1,
+                        None => stats.lease_expired += 1,
+                        Some(at)
+                            if at
+                                < now
+                                    .checked_add_signed(window)
+                                    .unwrap_or(DateTime::<Utc>::MAX_UTC) =>
+                        {
+                            stats.lease_expiring += 1
+                        }
+                        Some(_) => {}
+                    }
+                }
+                status => {
+                    if job.finished_at.is_some_and(|at| at > hour_ago) {
+                        stats.finished_last_hour.add(status, 1);
+                    }
+                }
+            }
+        }
+        stats.oldest_due_wait = oldest_due.map(|at| (now - at).to_std().unwrap_or_default());
+        stats.due = stats.due.min(crate::types::QueueStats::COUNT_CAP);
+        stats.scheduled = stats.scheduled.min(crate::types::QueueStats::COUNT_CAP);
+        Ok(stats)
+    }
+
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         Some(self.store.wake.clone())
     }

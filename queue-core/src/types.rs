@@ -590,6 +590,61 @@ impl QueueCounts {
     }
 }
 
+/// A queue's health at a glance: what [`crate::Backend::stats`] reads, every number from an
+/// index so that the cost does not grow with the queue's history (on PostgreSQL: the partial
+/// indexes `<table>_due_idx`, `<table>_expiry_idx` and `<table>_finished_idx`; see
+/// `docs/operations.md` for the cost at a million rows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Pending jobs due now: exact up to [`QueueStats::COUNT_CAP`], the cap beyond.
+    pub due: u64,
+    /// Pending jobs scheduled for later: exact up to [`QueueStats::COUNT_CAP`], the cap beyond.
+    pub scheduled: u64,
+    /// Jobs in flight (exact; bounded by the workers' concurrency).
+    pub in_flight: u64,
+    /// In-flight jobs whose lease has passed: their worker died, hangs or lost the database;
+    /// the next claim takes them over (exact).
+    pub lease_expired: u64,
+    /// In-flight jobs whose lease ends within the window asked for (exact).
+    pub lease_expiring: u64,
+    /// How long the oldest due job has waited: the queue's lag (`None` when nothing is due).
+    pub oldest_due_wait: Option<std::time::Duration>,
+    /// Jobs that ended in the last hour, by status (exact: only the last hour's rows are read).
+    pub finished_last_hour: FinishedCounts,
+}
+
+impl QueueStats {
+    /// The most `due` and `scheduled` count: a larger backlog reports this many, so that
+    /// reading the statistics of a queue a million jobs behind costs what 100 000 cost.
+    pub const COUNT_CAP: u64 = 100_000;
+}
+
+/// Jobs that reached each terminal status in a period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FinishedCounts {
+    /// `completed`.
+    pub completed: u64,
+    /// `failed`.
+    pub failed: u64,
+    /// `dead`.
+    pub dead: u64,
+    /// `cancelled`.
+    pub cancelled: u64,
+}
+
+impl FinishedCounts {
+    /// Adds `n` to the counter of `status`; live statuses are not counted.
+    pub fn add(&mut self, status: JobStatus, n: u64) {
+        match status {
+            JobStatus::Completed => self.completed += n,
+            JobStatus::Failed => self.failed += n,
+            JobStatus::Dead => self.dead += n,
+            JobStatus::Cancelled => self.cancelled += n,
+            JobStatus::Pending | JobStatus::InFlight => {}
+        }
+    }
+}
+
 /// What one claim asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimRequest {

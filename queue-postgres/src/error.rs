@@ -52,6 +52,14 @@ pub enum PgError {
     #[error(transparent)]
     Invalid(#[from] queue_core::InvalidInput),
 
+    /// A statement that always returns a row returned none: a defect of the framework's own
+    /// SQL.
+    #[error("statement {statement} returned no row")]
+    NoRow {
+        /// The statement's file name.
+        statement: &'static str,
+    },
+
     /// No framework table migration has this version.
     #[error("the framework has no table migration {version}")]
     UnknownMigration {

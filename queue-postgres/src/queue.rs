@@ -7,6 +7,7 @@ use std::time::Duration;
 use queue_core::{
     Backend, BackendTx, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
     FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
+    QueueStats,
 };
 use tokio::sync::Notify;
 
@@ -362,6 +363,13 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
         Ok(statement::counts::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?)
+    }
+
+    async fn stats(&self, window: std::time::Duration) -> queue_core::Result<QueueStats> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        Ok(statement::stats::<D>(D::pooled(&mut conn), &inner.sql, queue, window).await?)
     }
 
     fn wake_signal(&self) -> Option<Arc<Notify>> {

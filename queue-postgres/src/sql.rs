@@ -32,6 +32,7 @@ pub(crate) const EXTEND_LEASE: Template = template!("extend_lease.sql");
 pub(crate) const CANCEL: Template = template!("cancel.sql");
 pub(crate) const GET: Template = template!("get.sql");
 pub(crate) const COUNTS: Template = template!("counts.sql");
+pub(crate) const STATS: Template = template!("stats.sql");
 pub(crate) const SWEEP_FINISHED: Template = template!("sweep_finished.sql");
 pub(crate) const TABLE_COLUMNS: Template = template!("table_columns.sql");
 pub(crate) const TABLE_INDEXES: Template = template!("table_indexes.sql");
@@ -160,6 +161,7 @@ pub(crate) struct Sql {
     pub(crate) cancel: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) counts: Arc<str>,
+    pub(crate) stats: Arc<str>,
     pub(crate) sweep_finished: Arc<str>,
 }
 
@@ -175,6 +177,7 @@ impl Sql {
             cancel: r(CANCEL)?,
             get: r(GET)?,
             counts: r(COUNTS)?,
+            stats: r(STATS)?,
             sweep_finished: r(SWEEP_FINISHED)?,
         })
     }

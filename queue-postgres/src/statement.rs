@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use queue_core::{
     CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize,
-    FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
+    FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob,
+    QueueCounts, QueueName, QueueStats,
 };
 
 use crate::driver::{Column, Driver};
@@ -163,6 +164,41 @@ pub(crate) async fn counts<D: Driver>(
         counts.add(status, get::<D, i64>(&row, "jobs")? as u64);
     }
     Ok(counts)
+}
+
+/// `stats.sql`.
+pub(crate) async fn stats<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    window: Duration,
+) -> Result<QueueStats, PgError> {
+    let params = (
+        queue.as_str(),
+        window.as_secs_f64(),
+        queue_core::Lease::DEFAULT.duration().as_secs_f64(),
+        QueueStats::COUNT_CAP as i64,
+    );
+    let rows = D::query(conn, &sql.stats, &params).await?;
+    let row = rows.first().ok_or(PgError::NoRow {
+        statement: "stats.sql",
+    })?;
+    let count = |column| get::<D, i64>(row, column).map(|n| n.max(0) as u64);
+    let wait: Option<f64> = get::<D, _>(row, "oldest_due_wait_secs")?;
+    Ok(QueueStats {
+        due: count("due")?,
+        scheduled: count("scheduled")?,
+        in_flight: count("in_flight")?,
+        lease_expired: count("expired")?,
+        lease_expiring: count("expiring")?,
+        oldest_due_wait: wait.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
+        finished_last_hour: FinishedCounts {
+            completed: count("completed")?,
+            failed: count("failed")?,
+            dead: count("dead")?,
+            cancelled: count("cancelled")?,
+        },
+    })
 }
 
 /// `sweep_finished.sql`, once: how many rows it deleted.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BackendTx, Claim, ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, Handler,
-    InvalidInput, JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, Worker,
-    WorkerConfig,
+    InvalidInput, JobContext, JobError, JobId, JobStatus, Lease, NewJob, QueueName, QueueStats,
+    Worker, WorkerConfig,
 };
 use queue_postgres::{PgError, PgQueueConfig, PostgresQueue, TableName};
 use serde_json::{Value, json};
@@ -429,6 +429,48 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
     .await
     .unwrap();
     assert_picks_are_index_backed(&explain_claim(&db).await);
+    // The statistics read indexes only, never the table's history.
+    let stats = queue_postgres::testing::stats_sql(&TableName::default());
+    let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {stats}"
+    )))
+    .bind("default")
+    .bind(60.0_f64)
+    .bind(90.0_f64)
+    .bind(100_000_i64)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let mut all = Vec::new();
+    nodes(&plan[0]["Plan"], &mut all);
+    // A scan of the table is allowed only under a limit (the capped counts, where the planner
+    // finds most rows match and a scan stops early): never a scan of the history.
+    let unbounded = all.iter().any(|node| {
+        let children = node["Plans"].as_array().cloned().unwrap_or_default();
+        children
+            .iter()
+            .any(|child| child["Node Type"] == "Seq Scan")
+            && node["Node Type"] != "Limit"
+    });
+    assert!(
+        !unbounded && plan[0]["Plan"]["Node Type"] != "Seq Scan",
+        "stats scan the table: {plan:#}"
+    );
+    for index in [
+        "queue_jobs_due_idx",
+        "queue_jobs_expiry_idx",
+        "queue_jobs_finished_idx",
+    ] {
+        assert!(
+            all.iter().any(|n| n["Index Name"] == index),
+            "stats do not read {index}: {plan:#}"
+        );
+    }
+    let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        (stats.due, stats.in_flight, stats.lease_expired),
+        (QueueStats::COUNT_CAP, 50, 0)
+    );
     // And the claim really takes the oldest due job.
     let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
     assert_eq!(job.payload, json!({ "n": 200000 }));

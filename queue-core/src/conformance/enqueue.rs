@@ -10,10 +10,61 @@ use super::{Harness, claim, enqueue, record};
 use crate::backend::{Backend, BackendTx};
 use crate::error::Error;
 use crate::limits::{DEFAULT_MAX_PAYLOAD_BYTES, MAX_UNIQUE_KEY_BYTES};
-use crate::types::{Finalize, JobId, NewJob, RunAt};
+use crate::types::{
+    ClaimRequest, Finalize, FinishedCounts, JobId, Lease, NewJob, QueueStats, RunAt,
+};
 
 cases! {
     $ __conformance_enqueue;
+
+    /// `stats` reports the backlog (due, scheduled), the lag, leases expired and ending soon,
+    /// and the jobs ended in the last hour, and nothing older.
+    pub async fn stats_report_backlog_lag_leases_and_the_last_hour<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let minute = Duration::from_secs(60);
+        assert_eq!(b.stats(minute).await.unwrap(), QueueStats::default());
+        for _ in 0..3 {
+            b.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+        }
+        b.enqueue(NewJob::from_value(json!({})).run_at(RunAt::After(Duration::from_secs(3600))))
+            .await
+            .unwrap();
+        h.advance_clock(Duration::from_secs(5)).await;
+        let stats = b.stats(minute).await.unwrap();
+        assert_eq!((stats.due, stats.scheduled, stats.in_flight), (3, 1, 0));
+        let wait = stats.oldest_due_wait.expect("jobs are due");
+        assert!(wait >= Duration::from_secs(5) && wait < minute, "{wait:?}");
+
+        let lease = Lease::from_secs(30).unwrap();
+        let claimed = b.claim(ClaimRequest::new(2, lease)).await.unwrap().jobs;
+        let stats = b.stats(minute).await.unwrap();
+        assert_eq!((stats.due, stats.in_flight), (1, 2));
+        assert_eq!((stats.lease_expired, stats.lease_expiring), (0, 2));
+        let soon = b.stats(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(soon.lease_expiring, 0, "leases of 30 s end within 10 s");
+
+        let fail = Finalize::Fail { error: "no".into() };
+        for (job, action) in claimed.iter().zip([Finalize::Complete, fail]) {
+            assert!(b.finalize(job.claim(), &action).await.unwrap().is_applied());
+        }
+        let short = Lease::from_secs(10).unwrap();
+        assert_eq!(b.claim(ClaimRequest::new(1, short)).await.unwrap().jobs.len(), 1);
+        h.advance_clock(Duration::from_secs(11)).await;
+        let stats = b.stats(minute).await.unwrap();
+        assert_eq!((stats.due, stats.in_flight, stats.lease_expired), (0, 1, 1));
+        assert_eq!(stats.oldest_due_wait, None);
+        let finished = stats.finished_last_hour;
+        assert_eq!((finished.completed, finished.failed), (1, 1));
+
+        // Two hours on: the scheduled job is due and has waited about an hour; the outcomes are
+        // older than the last hour.
+        h.advance_clock(Duration::from_secs(2 * 3600)).await;
+        let stats = b.stats(minute).await.unwrap();
+        assert_eq!((stats.due, stats.scheduled), (1, 0));
+        let wait = stats.oldest_due_wait.expect("the scheduled job is due");
+        assert!(wait > Duration::from_secs(3500), "{wait:?}");
+        assert_eq!(stats.finished_last_hour, FinishedCounts::default());
+    }
 
     /// A unique key enqueues once and returns the first job's id after.
     pub async fn unique_key_enqueues_once<H: Harness>(h: Arc<H>) {

@@ -193,6 +193,13 @@ pub fn claim_sql(table: &TableName) -> String {
     crate::sql::for_table(crate::sql::CLAIM, table).expect("the claim renders for any table")
 }
 
+/// The statistics statement rendered for `table`, for tests and benchmarks that read its plan
+/// or time it: `$1` queue, `$2` window in seconds, `$3` the lease of rows without a stored one,
+/// `$4` the counts' cap.
+pub fn stats_sql(table: &TableName) -> String {
+    crate::sql::for_table(crate::sql::STATS, table).expect("the stats render for any table")
+}
+
 /// Moves every stored instant of a queue table back by `by`: to its rows, the database clock
 /// moved forward. The backend reads only `now()`, so this is how tests expire leases and bring
 /// scheduled jobs due without sleeping.
