@@ -320,7 +320,12 @@ fn stats(c: &mut Criterion) {
     let shapes: [(&str, u64, u64, &str); 3] = [
         ("due_1k_finished_1m_a_day_ago", 1_000, 1_000_000, "1 day"),
         ("due_1m", 1_000_000, 0, "1 day"),
-        ("due_1k_finished_1m_this_hour", 1_000, 1_000_000, "10 minutes"),
+        (
+            "due_1k_finished_1m_this_hour",
+            1_000,
+            1_000_000,
+            "10 minutes",
+        ),
     ];
     for (label, due, finished, ago) in shapes {
         let db = rt.block_on(benches::scratch_db());
