@@ -179,16 +179,22 @@ async fn the_terminal_guard_refuses_flips_and_retry_is_the_only_exit_from_failed
         RetryOutcome::NotFailed(Success)
     );
     let before = store.transaction(ids[1]).await.unwrap().unwrap();
-    let RetryOutcome::Retried { correlation_id, .. } =
-        store.retry_failed_transaction(ids[1]).await.unwrap()
+    let RetryOutcome::Retried {
+        correlation_id,
+        key_kept,
+        ..
+    } = store.retry_failed_transaction(ids[1]).await.unwrap()
     else {
         panic!("a failed transaction must be retryable");
     };
     let after = store.transaction(ids[1]).await.unwrap().unwrap();
     assert_eq!(after.status, Pending);
-    assert_ne!(
+    // Failed without a recorded send failure (stamped here, or by hand): whether the partner
+    // acted is unknown, so the key is kept (docs/adr/0003).
+    assert!(key_kept);
+    assert_eq!(
         after.correlation_id, before.correlation_id,
-        "the correlation must be repointed"
+        "an unknown failure keeps its key"
     );
     assert_eq!(after.correlation_id, correlation_id);
     assert_eq!(after.retries, 1);
@@ -443,12 +449,19 @@ async fn retrying_a_failed_transaction_sends_it_under_a_new_key_without_conflict
         store.transaction(id).await.unwrap().unwrap().status,
         TransactionStatus::Failed
     );
-    // Fixed configuration, retried.
-    let RetryOutcome::Retried { correlation_id, .. } =
-        store.retry_failed_transaction(id).await.unwrap()
+    // Fixed configuration, retried: a missing partner is a definitive failure, so the key is
+    // repointed.
+    let first_key = store.transaction(id).await.unwrap().unwrap().correlation_id;
+    let RetryOutcome::Retried {
+        correlation_id,
+        key_kept,
+        ..
+    } = store.retry_failed_transaction(id).await.unwrap()
     else {
         panic!("retry refused");
     };
+    assert!(!key_kept);
+    assert_ne!(correlation_id, first_key);
     let partners =
         Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
     let worker = start(&store, &partners, &quick(ExchangeConfig::default()));

@@ -36,8 +36,8 @@ struct Args {
     /// Faults of each kind per scenario.
     #[arg(long)]
     rounds: Option<usize>,
-    /// Seconds over which each scenario's transactions are created.
-    #[arg(long)]
+    /// Seconds over which each scenario's transactions are created (1 s to a day).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     load_secs: Option<u64>,
     /// The `exchange-worker` binary (default: next to this one).
     #[arg(long)]

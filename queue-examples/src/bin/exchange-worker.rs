@@ -1,12 +1,17 @@
 //! `exchange-worker`: the long-running send worker of the exchange.
 //!
 //! ```text
-//! exchange-worker --partner acme=http://partner.example/transmissions [--partner …]
-//!                 [--unresolvable NAME …] [--database-url URL] [--lease-secs 90]
-//!                 [--concurrency 16] [--send-timeout-secs 30] [--max-attempts 5] [--migrate]
+//! exchange-worker --partner acme=https://partner.example/transmissions [--partner …]
+//!                 [--partner-ca acme=/etc/exchange/acme-ca.pem] [--unresolvable NAME …]
+//!                 [--database-url URL] [--lease-secs 90] [--concurrency 16]
+//!                 [--send-timeout-secs 30] [--max-attempts 5] [--migrate]
 //!                 [--lease-margin-secs 10] [--retry-base-ms 1000] [--poll-ms 1000]
 //! ```
 //! `DATABASE_URL` and `EXCHANGE_PARTNERS` (`name=url,name=url`) work as well as the flags.
+//! Start-up refuses a partner URL that can never work (not `http`/`https`, no host, does not
+//! parse) and an unreadable CA file, naming the partner, and a duration flag that is zero or
+//! out of its range, naming the flag (`--help` gives the ranges). Partner URLs are logged
+//! without their credentials.
 //! SIGTERM or SIGINT starts a graceful drain: no new claims, claimed-but-unstarted sends are
 //! released at once, running sends finish (or are released after the shutdown deadline).
 //! Start-up refuses a lease below 2 × the largest send timeout + margin, and a send-jobs table
@@ -14,29 +19,15 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use clap::Parser;
 use queue_core::{Lease, Worker};
-use queue_examples::cli::Args;
+use queue_examples::cli::WorkerArgs;
 use queue_examples::exchange::{
-    ExchangeConfig, ExchangeStore, HttpPartner, Partners, PgExchange, SendHandler, events,
+    ExchangeConfig, ExchangeStore, Partners, PgExchange, SendHandler, events, log_configured,
 };
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
-
-const FLAGS: &[&str] = &[
-    "database-url",
-    "partner",
-    "unresolvable",
-    "lease-secs",
-    "concurrency",
-    "send-timeout-secs",
-    "max-attempts",
-    "migrate",
-    "lease-margin-secs",
-    "retry-base-ms",
-    "poll-ms",
-    "help",
-];
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -49,44 +40,35 @@ async fn main() -> Result<()> {
     // drains it as soon as it runs, instead of killing it.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let args = Args::parse(std::env::args().skip(1), FLAGS)?;
-    if args.has("help") {
-        println!("flags: --{}", FLAGS.join(" --"));
-        return Ok(());
-    }
+    let args = WorkerArgs::parse();
     let url = args
-        .opt("database-url")
-        .map(str::to_owned)
+        .database_url
+        .clone()
         .or_else(|| std::env::var("DATABASE_URL").ok())
         .context("set DATABASE_URL or --database-url")?;
-    let timeout = Duration::from_secs(args.get("send-timeout-secs", 30u64)?);
-    let mut specs: Vec<String> = args.all("partner").to_vec();
-    if let Ok(env) = std::env::var("EXCHANGE_PARTNERS") {
-        specs.extend(env.split(',').filter(|s| !s.is_empty()).map(str::to_owned));
-    }
-    if specs.is_empty() {
-        bail!("no partner configured: --partner name=url or EXCHANGE_PARTNERS");
-    }
+    let timeout = Duration::from_secs(args.send_timeout_secs);
+    // Every endpoint is checked before anything else: a URL that can never work is refused
+    // here, with its partner's name, not found out one send at a time.
+    let configured = args.http_partners(std::env::var("EXCHANGE_PARTNERS").ok().as_deref())?;
+    let partner_count = configured.len();
     let mut partners = Partners::new();
-    for spec in &specs {
-        let (name, endpoint) = spec
-            .split_once('=')
-            .with_context(|| format!("partner {spec:?} must look like name=url"))?;
-        let partner = HttpPartner::new(endpoint)?
+    for (name, partner) in configured {
+        let partner = partner
             .with_timeout(timeout)
             .with_user_agent(format!("exchange-worker (pid {})", std::process::id()));
+        log_configured(&name, &partner);
         partners = partners.with(name, partner);
     }
-    for name in args.all("unresolvable") {
+    for name in &args.unresolvable {
         partners = partners.with_unresolvable(name, "configured as unresolvable");
     }
     let config = ExchangeConfig {
-        lease: Lease::from_secs(args.get("lease-secs", 90u64)?)?,
-        concurrency: args.get("concurrency", 16usize)?,
-        max_attempts: args.get("max-attempts", 5u32)?,
-        lease_margin: Duration::from_secs(args.get("lease-margin-secs", 10u64)?),
-        retry_base: Duration::from_millis(args.get("retry-base-ms", 1000u64)?),
-        poll_interval: Duration::from_millis(args.get("poll-ms", 1000u64)?),
+        lease: Lease::from_secs(args.lease_secs)?,
+        concurrency: usize::try_from(args.concurrency)?,
+        max_attempts: args.max_attempts,
+        lease_margin: Duration::from_secs(args.lease_margin_secs),
+        retry_base: Duration::from_millis(args.retry_base_ms),
+        poll_interval: Duration::from_millis(args.poll_ms),
     };
     let worker_config = config.worker_config(&partners)?;
 
@@ -95,7 +77,7 @@ async fn main() -> Result<()> {
         .connect(&url)
         .await
         .context("connecting to the database")?;
-    let store = if args.has("migrate") {
+    let store = if args.migrate {
         PgExchange::migrate_and_connect(pool).await?
     } else {
         PgExchange::connect(pool).await?
@@ -109,7 +91,7 @@ async fn main() -> Result<()> {
     .start();
     tracing::info!(
         name: events::WORKER_STARTED,
-        partners = specs.len(),
+        partners = partner_count,
         concurrency = config.concurrency,
         lease_s = config.lease.duration().as_secs(),
         "{}",
@@ -123,7 +105,7 @@ async fn main() -> Result<()> {
     tracing::info!(name: events::WORKER_DRAINING, "{}", events::WORKER_DRAINING);
     let report = worker.shutdown().await?;
     tracing::info!(
-        name: "exchange.worker_stopped",
+        name: events::WORKER_STOPPED,
         released_unstarted = report.released_unstarted,
         finished_in_time = report.finished_in_time,
         aborted = report.aborted,

@@ -1,10 +1,11 @@
 //! The exchange's structured events, each under a stable name emitted through its constant.
 
+use std::path::Path;
 use std::time::Duration;
 
 use queue_core::JobId;
 
-use super::{PayloadError, TransactionStatus};
+use super::{PartnerEndpoint, PayloadError, TransactionStatus};
 
 /// A send was not started: too little lease was left for the partner's timeout (warn).
 pub const SEND_SKIPPED_SHORT_LEASE: &str = "exchange.send_skipped_short_lease";
@@ -15,6 +16,9 @@ pub const PAYLOAD_REFUSED: &str = "exchange.payload_refused";
 /// A send outcome that would have ended the transaction otherwise than `failed` came with a
 /// payload naming another transaction: the job's own transaction was failed instead (error).
 pub const PAYLOAD_MISMATCH: &str = "exchange.payload_mismatch";
+/// A partner was configured at start-up: its name, its endpoint without credentials, its send
+/// timeout and its extra CA file (info).
+pub const PARTNER_CONFIGURED: &str = "exchange.partner_configured";
 /// The `exchange-worker` process started (info).
 pub const WORKER_STARTED: &str = "exchange.worker_started";
 /// The `exchange-worker` process received SIGTERM or SIGINT and is draining (info).
@@ -55,5 +59,23 @@ pub(crate) fn payload_mismatch(job_id: i64, own: i64) {
         job_id,
         transaction_id = own,
         "{PAYLOAD_MISMATCH}: the job's own transaction was failed"
+    );
+}
+
+/// Logs a configured partner. The endpoint prints without its credentials.
+pub(crate) fn partner_configured(
+    name: &str,
+    endpoint: &PartnerEndpoint,
+    timeout: Duration,
+    ca_file: Option<&Path>,
+) {
+    tracing::info!(
+        name: PARTNER_CONFIGURED,
+        partner = name,
+        endpoint = %endpoint,
+        credentials = endpoint.has_credentials(),
+        send_timeout_ms = timeout.as_millis() as u64,
+        ca_file = ca_file.map(|p| p.display().to_string()),
+        "{PARTNER_CONFIGURED}"
     );
 }

@@ -12,8 +12,8 @@ use queue_core::{
 use serde_json::Value;
 
 use super::{
-    EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, RetryOutcome, SendPayload,
-    TransactionStatus, TransactionView, events, guard_refused, queue_name,
+    EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, FailureKind, RetryOutcome,
+    SendPayload, TransactionStatus, TransactionView, events, guard_refused, queue_name,
 };
 
 #[derive(Default)]
@@ -74,6 +74,27 @@ impl MemExchange {
             }
         });
         true
+    }
+
+    /// Records a failed attempt's kind on transaction `id` inside `tx` (taken back if it rolls
+    /// back): only while it is open and only for its current key (`key`, the payload's); once
+    /// ambiguous, the key stays so.
+    fn record_failure(&self, tx: &mut MemoryTx, id: i64, key: &str, kind: FailureKind) {
+        let mut domain = self.domain.lock().unwrap();
+        let Some(row) = domain.transactions.get_mut(&id) else {
+            return;
+        };
+        if row.status != TransactionStatus::Pending || row.correlation_id != key {
+            return;
+        }
+        let previous = row.send_failure;
+        row.send_failure = Some(previous.map_or(kind, |old| old.max(kind)));
+        let undo = self.domain.clone();
+        tx.on_rollback(move || {
+            if let Some(row) = undo.lock().unwrap().transactions.get_mut(&id) {
+                row.send_failure = previous;
+            }
+        });
     }
 
     /// Stages an event for transaction `id` inside `tx` (taken back if it rolls back).
@@ -147,6 +168,7 @@ impl MemExchange {
                 amount_minor,
                 status: TransactionStatus::Pending,
                 retries: 0,
+                send_failure: None,
             };
             domain.transactions.insert(view.id, view.clone());
             view
@@ -192,13 +214,18 @@ impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
         tx: &mut MemoryTx,
         event: &FinalizeEvent<'_, SendPayload>,
     ) -> Result<(), BoxError> {
-        let Some((mut event_type, mut status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
         let job = event.job;
         let linked = self.0.domain.lock().unwrap().jobs.get(&job.id.0).copied();
         let Some(id) = linked else {
             return Err(format!("send job {} has no transaction", job.id).into());
+        };
+        if let (Some(kind), Payload::Parsed(payload)) =
+            (FailureKind::of_outcome(event.action), &event.payload)
+        {
+            self.0.record_failure(tx, id, &payload.correlation_id, kind);
+        }
+        let Some((mut event_type, mut status)) = EventType::for_outcome(event.action) else {
+            return Ok(());
         };
         let key = self
             .0
@@ -298,7 +325,14 @@ impl ExchangeStore for MemExchange {
             }
             let previous = row.clone();
             row.status = TransactionStatus::Pending;
-            row.correlation_id = key;
+            // A new key only after a definitive failure: after an ambiguous one (or none
+            // recorded) the partner may have acted on the key, and must be able to recognise it.
+            if row.send_failure == Some(FailureKind::Definitive) {
+                row.correlation_id = key;
+                row.send_failure = None;
+            } else {
+                row.send_failure = Some(FailureKind::Ambiguous);
+            }
             row.retries += 1;
             let view = row.clone();
             let undo = self.domain.clone();
@@ -311,6 +345,7 @@ impl ExchangeStore for MemExchange {
         tx.commit().await?;
         Ok(RetryOutcome::Retried {
             send_job_id,
+            key_kept: view.send_failure.is_some(),
             correlation_id: view.correlation_id,
         })
     }
@@ -341,22 +376,28 @@ impl ExchangeStore for MemExchange {
                 TransactionStatus::Failed => summary.failed += 1,
             }
         }
-        let mut types: HashMap<&str, HashSet<EventType>> = HashMap::new();
-        let mut seen: HashSet<(&str, EventType)> = HashSet::new();
+        // Keys with an `exchange.sent` so far, and those with a failure staged after one.
+        let mut sent_keys: HashSet<&str> = HashSet::new();
+        let mut conflicting: HashSet<&str> = HashSet::new();
+        let mut jobs: HashSet<i64> = HashSet::new();
         for event in &domain.outbox {
             match event.event_type {
                 EventType::Sent => summary.sent_events += 1,
                 EventType::Failed => summary.failed_events += 1,
             }
-            types
-                .entry(&event.correlation_id)
-                .or_default()
-                .insert(event.event_type);
-            if !seen.insert((&event.correlation_id, event.event_type)) {
+            let key = event.correlation_id.as_str();
+            match event.event_type {
+                EventType::Sent if !sent_keys.insert(key) => summary.duplicate_events += 1,
+                EventType::Failed if sent_keys.contains(key) => {
+                    conflicting.insert(key);
+                }
+                _ => {}
+            }
+            if !jobs.insert(event.send_job_id) {
                 summary.duplicate_events += 1;
             }
         }
-        summary.conflicting_events = types.values().filter(|t| t.len() > 1).count() as u64;
+        summary.conflicting_events = conflicting.len() as u64;
         Ok(summary)
     }
 }

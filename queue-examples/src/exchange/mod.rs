@@ -29,7 +29,7 @@ mod memory;
 pub mod partner_server;
 mod pg;
 
-pub use http::HttpPartner;
+pub use http::{EndpointError, HttpPartner, PartnerConfigError, PartnerEndpoint, log_configured};
 pub use memory::MemExchange;
 pub use pg::{MIGRATOR, PgExchange, StampOutcome, send_queue_config};
 
@@ -145,6 +145,96 @@ pub struct TransactionView {
     pub status: TransactionStatus,
     /// How often `retry_failed_transaction` sent it again.
     pub retries: i32,
+    /// What the failures under its current idempotency key leave known about the partner's
+    /// side: `Ambiguous` once any of them was, `None` before the first failure.
+    pub send_failure: Option<FailureKind>,
+}
+
+/// What a failed send leaves known about the partner's side of its idempotency key.
+///
+/// The order matters: once one failure under a key was ambiguous, the key stays ambiguous
+/// (a later definitive answer, a 409 for a request still in progress say, does not prove the
+/// earlier one was not acted on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FailureKind {
+    /// The partner did not act on the key: it rejected it (a 4xx), or nothing reached it (the
+    /// partner missing or unresolvable, a connection or TLS handshake refused, a payload
+    /// refused before sending). `retry_failed_transaction` sends under a new key.
+    Definitive,
+    /// The partner may have acted on the key: a timeout, a connection lost after the request
+    /// was written, a 5xx, a worker lost mid-send. `retry_failed_transaction` keeps the key so
+    /// that the partner can deduplicate.
+    Ambiguous,
+}
+
+impl FailureKind {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Definitive => "definitive",
+            FailureKind::Ambiguous => "ambiguous",
+        }
+    }
+
+    /// Parses the stored text.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Definitive, Self::Ambiguous]
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+    }
+
+    /// What a job outcome says about its attempt: `None` for outcomes that are not failures
+    /// (complete, release). A handler error says it through [`ClassifiedFailure`]'s prefix in
+    /// the stored error; any other failure (a job timeout, a worker lost past the reclaim cap,
+    /// a cancel while sending) may have left a request with the partner: ambiguous.
+    pub fn of_outcome(action: &queue_core::Finalize) -> Option<Self> {
+        use queue_core::Finalize;
+        match action {
+            Finalize::Complete | Finalize::Release => None,
+            Finalize::Fail { error } | Finalize::Retry { error, .. } => {
+                Some(FailureKind::of_error(error))
+            }
+            // A pending job's cancel: nothing was being sent.
+            Finalize::Cancel { reason } if reason == queue_core::CANCELLED_BY_OPERATOR => {
+                Some(FailureKind::Definitive)
+            }
+            Finalize::Cancel { .. } | Finalize::Dead { .. } => Some(FailureKind::Ambiguous),
+        }
+    }
+
+    /// The kind a stored error text names (see [`ClassifiedFailure`]); ambiguous unless it
+    /// says definitive.
+    pub fn of_error(error: &str) -> Self {
+        let definitive = FailureKind::Definitive.as_str();
+        match error.strip_prefix(definitive) {
+            Some(rest) if rest.starts_with(": ") => FailureKind::Definitive,
+            _ => FailureKind::Ambiguous,
+        }
+    }
+}
+
+/// A handler failure with its [`FailureKind`]: its text (the job's `last_error`) starts with
+/// `definitive: ` or `ambiguous: `, which is how the send outcome hook learns it.
+///
+/// Its text already holds the failure's, so the failure is a field, not its `source()`: a chain
+/// printed whole does not repeat it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {error}", kind.as_str())]
+pub struct ClassifiedFailure {
+    /// What the failure leaves known.
+    pub kind: FailureKind,
+    /// The failure.
+    pub error: queue_core::BoxError,
+}
+
+impl ClassifiedFailure {
+    /// A failure after which the partner did not act on the key.
+    pub fn definitive(source: impl Into<queue_core::BoxError>) -> Self {
+        ClassifiedFailure {
+            kind: FailureKind::Definitive,
+            error: source.into(),
+        }
+    }
 }
 
 /// An outbox event as stored.
@@ -165,12 +255,16 @@ pub struct EventView {
 /// What `retry_failed_transaction` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryOutcome {
-    /// The transaction is pending again, with a new idempotency key and a new send job.
+    /// The transaction is pending again with a new send job: under its idempotency key after
+    /// an ambiguous failure, under a new one after a definitive failure.
     Retried {
         /// The new send job.
         send_job_id: i64,
-        /// The new idempotency key.
+        /// The idempotency key the new send job uses.
         correlation_id: String,
+        /// Whether that is the key of the failed sends (the failure was ambiguous, or not
+        /// recorded).
+        key_kept: bool,
     },
     /// Only a failed transaction can be retried.
     NotFailed(TransactionStatus),
@@ -191,9 +285,11 @@ pub struct ExchangeSummary {
     pub sent_events: u64,
     /// `exchange.failed` events.
     pub failed_events: u64,
-    /// Idempotency keys with both an `exchange.sent` and an `exchange.failed` event.
+    /// Idempotency keys with an `exchange.failed` event staged after an `exchange.sent` (a
+    /// failed send retried under its kept key and then sent is not a conflict).
     pub conflicting_events: u64,
-    /// Events beyond the first of the same type for the same idempotency key.
+    /// Events beyond the first of a send job, plus `exchange.sent` events beyond the first of
+    /// an idempotency key.
     pub duplicate_events: u64,
 }
 
@@ -231,8 +327,9 @@ impl From<sqlx::Error> for ExchangeError {
     }
 }
 
-/// Why a send did not go through.
+/// Why a send did not go through. Texts never hold a partner URL's credentials.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     /// No answer within the adapter's send timeout (the partner may still have processed it).
     #[error("partner did not answer within {0:?}")]
@@ -240,20 +337,55 @@ pub enum SendError {
     /// The partner answered with a non-success status.
     #[error("partner answered HTTP {0}")]
     Status(u16),
-    /// The request could not be sent or read.
+    /// No connection (refused, unreachable, no such host): nothing reached the partner.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The TLS handshake refused the partner (its certificate): nothing reached it, and no
+    /// retry changes that.
+    #[error("TLS refused: {0}")]
+    Tls(String),
+    /// The request could not be made (a malformed URL or body): nothing was sent.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The exchange broke after the request may have been written (a reset, a closed
+    /// connection): the partner may have acted on it.
     #[error("transport: {0}")]
     Transport(String),
 }
 
 impl SendError {
-    /// The handler's intent: client errors (4xx but 408 and 429) cannot be fixed by sending
-    /// again; everything else is retried under the policy.
+    /// The handler's intent: client errors (4xx but 408 and 429), a refused TLS certificate and
+    /// a request that cannot be made cannot be fixed by sending again; everything else is
+    /// retried under the policy. The error carries its [`FailureKind`].
     pub fn into_job_error(self) -> JobError {
+        let terminal = match &self {
+            SendError::Status(code) => (400..500).contains(code) && *code != 408 && *code != 429,
+            SendError::Tls(_) | SendError::Invalid(_) => true,
+            SendError::Timeout(_) | SendError::Connect(_) | SendError::Transport(_) => false,
+        };
+        let failure = ClassifiedFailure {
+            kind: self.failure_kind(),
+            error: self.into(),
+        };
+        if terminal {
+            JobError::fail(failure)
+        } else {
+            JobError::retry(failure)
+        }
+    }
+
+    /// What this failure leaves known about the partner's side: a 4xx is the partner's answer,
+    /// and nothing reached it without a connection; a timeout, a broken exchange and any other
+    /// status (a 5xx) leave it unknown.
+    pub fn failure_kind(&self) -> FailureKind {
         match self {
-            SendError::Status(code) if (400..500).contains(&code) && code != 408 && code != 429 => {
-                JobError::fail(self)
+            SendError::Status(code) if (400..500).contains(code) => FailureKind::Definitive,
+            SendError::Connect(_) | SendError::Tls(_) | SendError::Invalid(_) => {
+                FailureKind::Definitive
             }
-            other => JobError::retry(other),
+            SendError::Status(_) | SendError::Timeout(_) | SendError::Transport(_) => {
+                FailureKind::Ambiguous
+            }
         }
     }
 }
@@ -424,7 +556,7 @@ impl<S: ExchangeStore> SendHandler<S> {
             .store
             .transaction_of_job(job_id)
             .await
-            .map_err(JobError::retry)?;
+            .map_err(|e| JobError::retry(ClassifiedFailure::definitive(e)))?;
         let refused = match own {
             None => PayloadError::NoTransaction { job_id },
             Some(own) if !payload.is_transmission_of(&own) => PayloadError::Mismatch {
@@ -434,7 +566,7 @@ impl<S: ExchangeStore> SendHandler<S> {
             Some(_) => return Ok(()),
         };
         events::payload_refused(&refused);
-        Err(JobError::fail(refused))
+        Err(JobError::fail(ClassifiedFailure::definitive(refused)))
     }
 }
 
@@ -448,7 +580,7 @@ impl<S: ExchangeStore> Handler for SendHandler<S> {
         let partner = self
             .partners
             .resolve(&payload.partner)
-            .map_err(JobError::fail)?;
+            .map_err(|e| JobError::fail(ClassifiedFailure::definitive(e)))?;
         let timeout = partner.send_timeout();
         if ctx.lease_remaining() < timeout {
             // A send that could outlive the lease could race a second sender: do not start it.
@@ -580,8 +712,10 @@ pub trait ExchangeStore: Clone + Send + Sync + 'static {
         requests: &[(String, i64)],
     ) -> impl Future<Output = Result<Vec<i64>, ExchangeError>> + Send;
 
-    /// The only legal exit from `failed`: back to pending with a new idempotency key and a new
-    /// send job, in one transaction.
+    /// The only legal exit from `failed`: back to pending with a new send job, in one
+    /// transaction. After an ambiguous failure (or none recorded) the idempotency key is kept,
+    /// so the partner can recognise a transmission it may already have acted on; after a
+    /// definitive one it is repointed to a new key (docs/adr/0003).
     fn retry_failed_transaction(
         &self,
         id: i64,
@@ -660,6 +794,64 @@ mod tests {
                 .action(),
             ErrorAction::Retry
         );
+        assert_eq!(
+            SendError::Tls("unknown issuer".into())
+                .into_job_error()
+                .action(),
+            ErrorAction::Fail
+        );
+        assert_eq!(
+            SendError::Connect("refused".into())
+                .into_job_error()
+                .action(),
+            ErrorAction::Retry
+        );
+    }
+
+    #[test]
+    fn stored_errors_say_whether_the_partner_may_have_acted() {
+        use queue_core::Finalize;
+        let stored = |e: SendError| e.into_job_error().to_string();
+        let fail = |error: String| Finalize::Fail { error };
+        for (error, kind) in [
+            (SendError::Status(422), FailureKind::Definitive),
+            (
+                SendError::Connect("refused".into()),
+                FailureKind::Definitive,
+            ),
+            (
+                SendError::Tls("unknown issuer".into()),
+                FailureKind::Definitive,
+            ),
+            (SendError::Status(503), FailureKind::Ambiguous),
+            (
+                SendError::Timeout(Duration::from_secs(1)),
+                FailureKind::Ambiguous,
+            ),
+            (SendError::Transport("reset".into()), FailureKind::Ambiguous),
+        ] {
+            let text = stored(error);
+            assert_eq!(
+                FailureKind::of_outcome(&fail(text.clone())),
+                Some(kind),
+                "{text}"
+            );
+            // The worker's give-up suffix keeps the prefix.
+            let gave_up = format!("{text} (gave up after 3 failing runs)");
+            assert_eq!(FailureKind::of_outcome(&fail(gave_up)), Some(kind));
+        }
+        // Unknown texts, a job timeout, a worker lost mid-send: the partner may have acted.
+        assert_eq!(
+            FailureKind::of_error("job timed out"),
+            FailureKind::Ambiguous
+        );
+        assert_eq!(
+            FailureKind::of_outcome(&Finalize::Dead {
+                reason: "reclaimed".into()
+            }),
+            Some(FailureKind::Ambiguous)
+        );
+        assert_eq!(FailureKind::of_outcome(&Finalize::Complete), None);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 
 use super::{
-    EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, QUEUE, RetryOutcome,
-    SEND_JOBS_TABLE, SendPayload, TransactionStatus, TransactionView, events, guard_refused,
-    queue_name,
+    EventType, EventView, ExchangeError, ExchangeStore, ExchangeSummary, FailureKind, QUEUE,
+    RetryOutcome, SEND_JOBS_TABLE, SendPayload, TransactionStatus, TransactionView, events,
+    guard_refused, queue_name,
 };
 
 /// The exchange's migrations (the service's own migrator, `_sqlx_migrations`), from the
@@ -82,20 +82,37 @@ SELECT outcome.transaction_id, outcome.own_payload, EXISTS (SELECT 1 FROM staged
 FROM outcome JOIN exchange_transactions AS t ON t.id = outcome.transaction_id
 "#;
 
+/// A failed attempt's kind on the transaction it sent, in the finalize transaction: the key
+/// turns ambiguous if this failure was and stays so (see [`FailureKind`]). Only while the
+/// transaction is open and only for its current key: a payload with another key sent nothing
+/// under it. `$1` send job, `$2` the failure's kind, `$3` the payload's key.
+const RECORD_FAILURE: &str = r#"
+UPDATE exchange_transactions AS t
+SET send_failure = CASE WHEN $2 = 'ambiguous' OR t.send_failure = 'ambiguous'
+                        THEN 'ambiguous' ELSE 'definitive' END
+FROM exchange_send_jobs AS j
+WHERE j.id = $1 AND t.id = j.transaction_id AND t.correlation_id = $3 AND t.status = 'pending'
+"#;
+
 /// The transaction a send job's row belongs to. `$1` send job.
 const TRANSACTION_OF_JOB: &str = r#"
-SELECT t.id, t.correlation_id, t.partner, t.amount_minor, t.status, t.retries
+SELECT t.id, t.correlation_id, t.partner, t.amount_minor, t.status, t.retries, t.send_failure
 FROM exchange_send_jobs AS j JOIN exchange_transactions AS t ON t.id = j.transaction_id
 WHERE j.id = $1
 "#;
 
-/// The guarded exit from `failed` with a new idempotency key. `$1` transaction.
+/// The guarded exit from `failed`: a new idempotency key only after a definitive failure; after
+/// an ambiguous one, or none recorded, the key is kept (and stays ambiguous). `$1` transaction.
 const REOPEN_FAILED: &str = r#"
 UPDATE exchange_transactions
-SET status = 'pending', correlation_id = gen_random_uuid()::text, retries = retries + 1,
+SET status = 'pending',
+    correlation_id = CASE WHEN send_failure = 'definitive'
+                          THEN gen_random_uuid()::text ELSE correlation_id END,
+    send_failure = CASE WHEN send_failure = 'definitive' THEN NULL ELSE 'ambiguous' END,
+    retries = retries + 1,
     updated_at = now()
 WHERE id = $1 AND status = 'failed'
-RETURNING id, correlation_id, partner, amount_minor
+RETURNING id, correlation_id, partner, amount_minor, send_failure IS NOT NULL AS key_kept
 "#;
 
 /// A send job for a reopened transaction. `$1` transaction, `$2` queue.
@@ -113,7 +130,8 @@ SELECT id FROM exchange_send_jobs WHERE transaction_id = $1 ORDER BY id
 "#;
 
 const TRANSACTION: &str = r#"
-SELECT id, correlation_id, partner, amount_minor, status, retries FROM exchange_transactions WHERE id = $1
+SELECT id, correlation_id, partner, amount_minor, status, retries, send_failure
+FROM exchange_transactions WHERE id = $1
 "#;
 
 const EVENTS: &str = r#"
@@ -128,10 +146,14 @@ SELECT
     (SELECT count(*) FROM exchange_transactions WHERE status = 'failed') AS failed,
     (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.sent') AS sent_events,
     (SELECT count(*) FROM exchange_outbox WHERE event_type = 'exchange.failed') AS failed_events,
-    (SELECT count(*) FROM (SELECT correlation_id FROM exchange_outbox GROUP BY correlation_id
-                           HAVING count(DISTINCT event_type) > 1) AS c) AS conflicting_events,
-    (SELECT count(*) - count(DISTINCT (correlation_id, event_type)) FROM exchange_outbox)
-        AS duplicate_events
+    (SELECT count(DISTINCT s.correlation_id)
+     FROM exchange_outbox AS s JOIN exchange_outbox AS f
+       ON f.correlation_id = s.correlation_id AND f.id > s.id
+     WHERE s.event_type = 'exchange.sent' AND f.event_type = 'exchange.failed')
+        AS conflicting_events,
+    (SELECT count(*) - count(DISTINCT send_job_id) FROM exchange_outbox)
+    + (SELECT count(*) - count(DISTINCT correlation_id) FROM exchange_outbox
+       WHERE event_type = 'exchange.sent') AS duplicate_events
 "#;
 
 /// What the guarded stamp did.
@@ -236,9 +258,6 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
         tx: &mut PostgresTx<D>,
         event: &FinalizeEvent<'_, SendPayload>,
     ) -> Result<(), BoxError> {
-        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
         let job = event.job;
         let (named, key) = match &event.payload {
             Payload::Parsed(payload) => (
@@ -246,6 +265,13 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
                 Some(payload.correlation_id.as_str()),
             ),
             Payload::Malformed => (None, None),
+        };
+        if let (Some(kind), Some(key)) = (FailureKind::of_outcome(event.action), key) {
+            tx.execute(RECORD_FAILURE, (job.id.0, kind.as_str(), key))
+                .await?;
+        }
+        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
+            return Ok(());
         };
         let params = (
             job.id.0,
@@ -278,6 +304,13 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
 
 fn transaction_view<D: Driver>(row: &Row<D>) -> Result<TransactionView, ExchangeError> {
     let status: String = row.get("status")?;
+    let send_failure: Option<String> = row.get("send_failure")?;
+    let send_failure = send_failure
+        .map(|kind| {
+            FailureKind::parse(&kind)
+                .ok_or_else(|| ExchangeError::Corrupt(format!("send failure {kind:?}")))
+        })
+        .transpose()?;
     Ok(TransactionView {
         id: row.get("id")?,
         correlation_id: row.get("correlation_id")?,
@@ -286,6 +319,7 @@ fn transaction_view<D: Driver>(row: &Row<D>) -> Result<TransactionView, Exchange
         status: TransactionStatus::parse(&status)
             .ok_or_else(|| ExchangeError::Corrupt(format!("transaction status {status:?}")))?,
         retries: row.get("retries")?,
+        send_failure,
     })
 }
 
@@ -361,6 +395,7 @@ impl<D: Driver> ExchangeStore for PgExchange<D> {
             });
         };
         let correlation_id: String = row.get("correlation_id")?;
+        let key_kept: bool = row.get("key_kept")?;
         let restaged = tx.query(RESTAGE_SEND_JOB, (id, QUEUE)).await?;
         let send_job_id: i64 = restaged
             .first()
@@ -371,6 +406,7 @@ impl<D: Driver> ExchangeStore for PgExchange<D> {
         Ok(RetryOutcome::Retried {
             send_job_id,
             correlation_id,
+            key_kept,
         })
     }
 
