@@ -19,7 +19,8 @@ pub enum PgError {
     /// jobs (a pre-lease table has no claim stamp to fence on), so the queue refuses to start.
     #[error(
         "queue table {table:?} is not on the lease schema; missing: {}. Apply \
-         queue_postgres::schema::upgrade_legacy_sql (or install_table for a new table) first",
+         the legacy upgrade (queue_postgres::LegacyUpgrade, `queuectl upgrade-legacy`) or \
+         install_table for a new table first",
         missing.join(", ")
     )]
     Schema {
@@ -71,6 +72,31 @@ pub enum PgError {
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),
 
+    /// A setting of the legacy upgrade is outside its range.
+    #[error("{what} must be {range}")]
+    Setting {
+        /// The setting.
+        what: &'static str,
+        /// Its range.
+        range: &'static str,
+    },
+
+    /// The legacy upgrade's `ALTER TABLE` did not get its lock within `lock_timeout` in any of
+    /// its tries (a long transaction holds the table): nothing was changed. Run it again when
+    /// the table is quieter, or with a longer timeout or more tries.
+    #[error(
+        "the upgrade of {table:?} did not get its lock in {attempts} tries of {timeout:?}; \
+         nothing changed"
+    )]
+    LockNotAvailable {
+        /// The table.
+        table: String,
+        /// Tries made.
+        attempts: u32,
+        /// `lock_timeout` per try.
+        timeout: std::time::Duration,
+    },
+
     /// The database or the driver failed.
     #[cfg(feature = "sqlx")]
     #[error("postgres: {0}")]
@@ -93,6 +119,26 @@ pub enum PgError {
 }
 
 impl PgError {
+    /// The server's SQLSTATE, when the server refused a statement.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            #[cfg(feature = "sqlx")]
+            PgError::Database(sqlx::Error::Database(db)) => db.code().map(|c| c.into_owned()),
+            #[cfg(feature = "sqlx")]
+            PgError::Migrate(sqlx::migrate::MigrateError::ExecuteMigration(
+                sqlx::Error::Database(db),
+                _,
+            )) => db.code().map(|c| c.into_owned()),
+            #[cfg(feature = "tokio-postgres")]
+            PgError::TokioPostgres(err) => err.code().map(|c| c.code().to_owned()),
+            #[cfg(feature = "tokio-postgres")]
+            PgError::Pool(deadpool_postgres::PoolError::Backend(err)) => {
+                err.code().map(|c| c.code().to_owned())
+            }
+            _ => None,
+        }
+    }
+
     /// True when trying again later can succeed: the connection dropped, the pool timed out,
     /// the server is shutting down or restarting, a serialization failure or deadlock.
     pub fn is_transient(&self) -> bool {

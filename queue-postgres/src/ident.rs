@@ -77,6 +77,25 @@ impl TableName {
     }
 }
 
+/// Validates the name of an index the caller names (a legacy index to drop): 1 to 63 lowercase
+/// ASCII letters, digits and `_`, so it can be written quoted into DDL.
+pub(crate) fn validate_index_name(index: &str) -> Result<(), PgError> {
+    let valid = !index.is_empty()
+        && index.len() <= MAX_IDENT
+        && index
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(PgError::InvalidIdentifier {
+            what: "index name",
+            value: index.to_owned(),
+            reason: "use 1 to 63 lowercase ASCII letters, digits and '_'",
+        })
+    }
+}
+
 impl Default for TableName {
     fn default() -> Self {
         TableName(Self::DEFAULT.to_owned())

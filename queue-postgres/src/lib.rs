@@ -45,8 +45,9 @@
 //! * **Wake-ups**: `NOTIFY` in the enqueue's transaction, a `LISTEN` connection per handle,
 //!   polling as the fallback.
 //! * **Schema**: [`migrate`] (the standard table, its own migrations table),
-//!   [`PostgresQueue::install_table`], the legacy upgrade
-//!   [`PostgresQueue::upgrade_legacy_table`], and the start-up [`PostgresQueue::check_schema`].
+//!   [`PostgresQueue::install_table`], the legacy upgrade in phases a live table survives
+//!   ([`LegacyUpgrade`], run by [`PostgresQueue::upgrade_legacy_table`] or committed as
+//!   migration files), and the start-up [`PostgresQueue::check_schema`].
 //!
 //! Every statement is a file of the crate's `sql/` folder; `docs/architecture.md` shows how a
 //! job moves through them.
@@ -80,6 +81,7 @@ mod redact;
 mod schema;
 mod sql;
 mod statement;
+mod upgrade;
 mod wake;
 
 #[cfg(feature = "sqlx")]
@@ -99,7 +101,9 @@ pub use queue::{PostgresQueue, PostgresTx, Row};
 pub use redact::{REDACTED, redact_url};
 pub use schema::{
     MIGRATIONS_TABLE, create_table_sql, table_migration_sql, table_migration_versions,
-    upgrade_legacy_sql,
+};
+pub use upgrade::{
+    LegacyUpgrade, MigrationFile, UpgradePhase, UpgradeProgress, UpgradeReport, UpgradeStep,
 };
 
 /// The `application_name` of `LISTEN` connections (visible in `pg_stat_activity`), both drivers.

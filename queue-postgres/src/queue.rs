@@ -196,19 +196,6 @@ impl<D: Driver> PostgresQueue<D> {
         D::batch_execute(D::pooled(&mut conn), &schema::create_table_sql(table)).await
     }
 
-    /// Upgrades a legacy table in place ([`crate::upgrade_legacy_sql`]), in one transaction.
-    pub async fn upgrade_legacy_table(
-        pool: &D::Pool,
-        table: &TableName,
-        queue: &QueueName,
-        drop_index: Option<&str>,
-    ) -> Result<(), PgError> {
-        let ddl = schema::upgrade_legacy_sql(table, queue, drop_index)?;
-        let mut tx = D::begin(pool).await?;
-        D::batch_execute(D::in_tx(&mut tx), &ddl).await?;
-        D::commit(tx).await
-    }
-
     /// Refuses, naming what is missing, a table that is not on the lease schema
     /// ([`PgError::Schema`]). Every `connect` runs it: a half-deployed fleet fails loudly
     /// instead of double-running.

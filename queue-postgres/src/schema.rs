@@ -2,8 +2,6 @@
 //! `migrations/` and `sql/`) and the judgement of the start-up check. Running them is the
 //! queue's ([`crate::PostgresQueue::install_table`] and friends), for every driver.
 
-use queue_core::QueueName;
-
 use crate::error::PgError;
 use crate::ident::TableName;
 use crate::sql::{self, COLUMNS};
@@ -34,54 +32,8 @@ pub fn create_table_sql(table: &TableName) -> String {
     ddl
 }
 
-/// The DDL that upgrades a legacy queue table in place to the lease schema: adds `claimed_at`
-/// (no backfill: NULL counts as an expired lease, so rows stranded in flight by the old release
-/// are re-claimable at once) and `claim_generation`, the framework's other columns with
-/// defaults (`queue` defaults to `queue`, so legacy rows belong to it), drops the old stuck-job
-/// index if named, creates the partial indexes (lease: `WHERE status = 'in_flight'`), and stamps
-/// `finished_at` on terminal rows so retention reaches them.
-///
-/// Legacy status values outside the framework's vocabulary (`pending`, `in_flight`,
-/// `completed`, `failed`, `dead`, `cancelled`) must be mapped by the adopter's own migration.
-/// The upgrade locks the table while it runs; see `docs/operations.md` before running it on a
-/// large live table.
-pub fn upgrade_legacy_sql(
-    table: &TableName,
-    queue: &QueueName,
-    drop_index: Option<&str>,
-) -> Result<String, PgError> {
-    let mut ddl = String::new();
-    if let Some(index) = drop_index {
-        let valid = !index.is_empty()
-            && index.len() <= 63
-            && index
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if !valid {
-            return Err(PgError::InvalidIdentifier {
-                what: "index name",
-                value: index.to_owned(),
-                reason: "use 1 to 63 lowercase ASCII letters, digits and '_'",
-            });
-        }
-        ddl.push_str(&format!("DROP INDEX IF EXISTS \"{index}\";\n"));
-    }
-    // Queue names are validated to letters, digits and `_-.:`, so they cannot close the literal.
-    ddl.push_str(&sql::render(
-        sql::UPGRADE_LEGACY,
-        &[("table", table.as_str()), ("queue", queue.as_str())],
-    )?);
-    // What the framework's table migrations added since the first: the legacy upgrade brings a
-    // table to the first one's shape.
-    for (version, _, _) in &sql::TABLE_MIGRATIONS[1..] {
-        ddl.push('\n');
-        ddl.push_str(&table_migration_sql(table, *version)?);
-    }
-    Ok(ddl)
-}
-
 /// The versions of the framework's table migrations, oldest first. A table of your own name
-/// (created from [`create_table_sql`] or upgraded with [`upgrade_legacy_sql`]) gets each new
+/// (created from [`create_table_sql`] or upgraded with [`LegacyUpgrade`](crate::LegacyUpgrade)) gets each new
 /// one through [`table_migration_sql`], committed as a migration of your own.
 pub fn table_migration_versions() -> Vec<i64> {
     sql::TABLE_MIGRATIONS.iter().map(|(v, _, _)| *v).collect()
@@ -113,13 +65,21 @@ const REQUIRED_INDEXES: [(&str, &str); 5] = [
     ("finished_idx", "the retention sweep"),
 ];
 
+/// The suffixes of the indexes the statements rely on.
+#[cfg(test)]
+pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
+    REQUIRED_INDEXES.iter().map(|(suffix, _)| *suffix)
+}
+
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TableFacts {
     /// `(column, format_type)` pairs; empty when the table does not exist.
     pub(crate) columns: Vec<(String, String)>,
-    /// Index names.
+    /// Names of the valid indexes.
     pub(crate) indexes: Vec<String>,
+    /// Names of the indexes left invalid by a concurrent build that failed.
+    pub(crate) invalid_indexes: Vec<String>,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -144,7 +104,12 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
     }
     for (suffix, purpose) in REQUIRED_INDEXES {
         let name = format!("{table}_{suffix}");
-        if !facts.indexes.contains(&name) {
+        if facts.invalid_indexes.contains(&name) {
+            missing.push(format!(
+                "index {name} is invalid (a CREATE INDEX CONCURRENTLY that failed): drop it and \
+                 run the upgrade again"
+            ));
+        } else if !facts.indexes.contains(&name) {
             missing.push(format!("index {name} ({purpose})"));
         }
     }
@@ -185,45 +150,10 @@ mod tests {
     }
 
     #[test]
-    fn the_upgrade_adds_the_lease_without_backfilling_it() {
-        let table = TableName::new("exchange_send_jobs").unwrap();
-        let queue = QueueName::new("exchange.send").unwrap();
-        let ddl = upgrade_legacy_sql(
-            &table,
-            &queue,
-            Some("idx_exchange_send_jobs_stuck_in_flight"),
-        )
-        .unwrap();
-        let squashed = ddl.split_whitespace().collect::<Vec<_>>().join(" ");
-        for needle in [
-            "DROP INDEX IF EXISTS \"idx_exchange_send_jobs_stuck_in_flight\"",
-            "ADD COLUMN IF NOT EXISTS claimed_at timestamptz,",
-            "ADD COLUMN IF NOT EXISTS claim_generation bigint NOT NULL DEFAULT 0",
-            "queue text NOT NULL DEFAULT 'exchange.send'",
-            "ON \"exchange_send_jobs\" (queue, claimed_at NULLS FIRST) WHERE status = 'in_flight'",
-        ] {
-            assert!(squashed.contains(needle), "missing {needle:?}");
-        }
-        assert!(
-            !squashed.contains("SET claimed_at"),
-            "the upgrade must not backfill claimed_at"
-        );
-        assert!(squashed.contains("SET finished_at = now() WHERE finished_at IS NULL"));
-        assert!(
-            upgrade_legacy_sql(&table, &queue, Some("bad\"; drop")).is_err(),
-            "an injected index name was accepted"
-        );
-    }
-
-    #[test]
-    fn the_upgrade_ends_with_every_later_table_migration() {
+    fn later_table_migrations_render_for_any_table() {
         let table = TableName::new("invoice_jobs").unwrap();
-        let ddl = upgrade_legacy_sql(&table, &QueueName::default(), None).unwrap();
         let later = table_migration_sql(&table, 20261201000001).unwrap();
-        assert!(ddl.ends_with(&later), "{ddl}");
         assert!(later.contains("ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz"));
-        assert!(later.contains("ADD COLUMN IF NOT EXISTS lease_generation    bigint"));
-        assert!(later.contains("ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz"));
         assert!(later.contains("\"invoice_jobs_expiry_idx\""));
         assert!(matches!(
             table_migration_sql(&table, 1),
@@ -243,9 +173,14 @@ mod tests {
                 ("status".into(), "text".into()),
             ],
             indexes: vec![],
+            invalid_indexes: vec!["queue_jobs_due_idx".into()],
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
         assert!(text.contains("column claimed_at") && text.contains("queue_jobs_lease_idx"));
+        assert!(
+            text.contains("index queue_jobs_due_idx is invalid"),
+            "{text}"
+        );
     }
 }

@@ -37,7 +37,11 @@ pub(crate) const SWEEP_FINISHED: Template = template!("sweep_finished.sql");
 pub(crate) const TABLE_COLUMNS: Template = template!("table_columns.sql");
 pub(crate) const TABLE_INDEXES: Template = template!("table_indexes.sql");
 pub(crate) const TABLE_ID_SEQUENCE: Template = template!("table_id_sequence.sql");
-pub(crate) const UPGRADE_LEGACY: Template = template!("upgrade_legacy.sql");
+pub(crate) const INDEX_STATE: Template = template!("index_state.sql");
+pub(crate) const UPGRADE_LEGACY_COLUMNS: Template = template!("upgrade_legacy_columns.sql");
+pub(crate) const UPGRADE_LEGACY_BACKFILL: Template = template!("upgrade_legacy_backfill.sql");
+pub(crate) const UPGRADE_LEGACY_INDEXES: Template = template!("upgrade_legacy_indexes.sql");
+pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_extent.sql");
 
 /// The framework's migrations of a queue table, `(version, description, template)`, in order.
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
@@ -273,6 +277,6 @@ mod tests {
             "{text}"
         );
         // The upgrade needs its queue: rendered for a table alone it is refused.
-        assert!(for_table(UPGRADE_LEGACY, &TableName::default()).is_err());
+        assert!(for_table(UPGRADE_LEGACY_COLUMNS, &TableName::default()).is_err());
     }
 }

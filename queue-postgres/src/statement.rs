@@ -246,11 +246,16 @@ pub(crate) async fn table_facts<D: Driver>(
             ))
         })
         .collect::<Result<Vec<_>, PgError>>()?;
-    let indexes = D::query(D::reborrow(&mut conn), &text(sql::TABLE_INDEXES)?, &params)
-        .await?
-        .iter()
-        .map(|row| get::<D, String>(row, "name"))
-        .collect::<Result<Vec<_>, PgError>>()?;
+    let mut indexes = Vec::new();
+    let mut invalid_indexes = Vec::new();
+    for row in D::query(D::reborrow(&mut conn), &text(sql::TABLE_INDEXES)?, &params).await? {
+        let name = get::<D, String>(&row, "name")?;
+        if get::<D, bool>(&row, "valid")? {
+            indexes.push(name);
+        } else {
+            invalid_indexes.push(name);
+        }
+    }
     // pg_get_serial_sequence fails on a table without `id`: ask only when there is one.
     let id_has_sequence = if columns.iter().any(|(name, _)| name == col::ID) {
         let rows = D::query(conn, &text(sql::TABLE_ID_SEQUENCE)?, &params).await?;
@@ -264,6 +269,7 @@ pub(crate) async fn table_facts<D: Driver>(
     Ok(TableFacts {
         columns,
         indexes,
+        invalid_indexes,
         id_has_sequence,
     })
 }

@@ -1,5 +1,5 @@
 //! Behaviour specific to PostgreSQL: real connections racing, a connection killed mid-finalize,
-//! the legacy upgrade, the schema check, the claim's plans, NOTIFY wake-ups, retention. Tests that
+//! the schema check, the claim's plans, NOTIFY wake-ups, retention. Tests that
 //! go through a driver run once per driver (`per_driver!`).
 
 mod support;
@@ -22,7 +22,6 @@ per_driver!(
     two_connections_racing_claims_take_each_job_once,
     eight_connections_racing_claims_take_each_job_once,
     a_connection_killed_during_finalize_loses_nothing,
-    schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows,
     schema_check_names_a_missing_table,
     schema_check_names_what_a_table_without_an_id_lacks,
     notify_wakes_an_idle_worker_and_a_lost_listener_re_listens,
@@ -196,105 +195,6 @@ async fn a_connection_killed_during_finalize_loses_nothing<D: TestDriver>() {
     db.drop_db().await;
 }
 
-/// An adopter's own queue table before the lease, in the pre-lease pattern ADR 0001 describes:
-/// status + attempts + `next_attempt_at`, a stuck-job index for a boot-time sweep, no claim stamp,
-/// and a domain column of its own. A made-up fixture for the generic upgrade; the exchange's
-/// real legacy table is upgraded through its real migrations in queue-examples' tests.
-const PRE_LEASE_TABLE: &str = r#"
-CREATE TABLE invoice_jobs (
-    id              bigserial PRIMARY KEY,
-    invoice_id      bigint      NOT NULL,
-    status          text        NOT NULL DEFAULT 'pending',
-    attempts        integer     NOT NULL DEFAULT 0,
-    next_attempt_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX invoice_jobs_stuck ON invoice_jobs (next_attempt_at) WHERE status = 'in_flight';
--- What the old claim left behind: two jobs in flight with no claim stamp, one pending.
-INSERT INTO invoice_jobs (invoice_id, status, attempts, next_attempt_at) VALUES
-    (1, 'in_flight', 1, now() - interval '2 hours'),
-    (2, 'in_flight', 3, now() - interval '1 hour'),
-    (3, 'pending',   0, now() - interval '5 minutes');
-"#;
-
-async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_rows<
-    D: TestDriver,
->() {
-    let db = TestDb::empty().await;
-    sqlx::raw_sql(PRE_LEASE_TABLE)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let table = TableName::new("invoice_jobs").unwrap();
-    let queue_name = QueueName::new("invoices").unwrap();
-    let config = PgQueueConfig::new(table.clone(), queue_name.clone());
-
-    let err = support::connect::<D>(&db, config.clone())
-        .await
-        .unwrap_err();
-    let text = err.to_string();
-    assert!(matches!(err, PgError::Schema { .. }), "{err}");
-    for named in [
-        "column claimed_at",
-        "column claim_generation",
-        "index invoice_jobs_lease_idx",
-    ] {
-        assert!(
-            text.contains(named),
-            "the refusal must name {named:?}: {text}"
-        );
-    }
-
-    PostgresQueue::<D>::upgrade_legacy_table(
-        &support::pool::<D>(&db, 1),
-        &table,
-        &queue_name,
-        Some("invoice_jobs_stuck"),
-    )
-    .await
-    .unwrap();
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'invoice_jobs'",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert!(
-        !indexes.iter().any(|i| i.contains("stuck")),
-        "the old stuck index survived: {indexes:?}"
-    );
-    assert!(indexes.contains(&"invoice_jobs_lease_idx".to_owned()));
-    let unstamped: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM invoice_jobs WHERE status = 'in_flight' AND claimed_at IS NULL",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(unstamped, 2, "the upgrade must not backfill claimed_at");
-
-    let queue = support::connect::<D>(&db, config)
-        .await
-        .expect("upgraded table passes");
-    let claimed = queue.claim(req(10)).await.unwrap().jobs;
-    assert_eq!(
-        claimed.len(),
-        3,
-        "stranded in-flight rows are re-claimable at once"
-    );
-    let legacy: Vec<_> = claimed.iter().filter(|j| j.reclaims == 1).collect();
-    assert_eq!(legacy.len(), 2);
-    assert!(legacy.iter().all(|j| j.generation == ClaimGeneration(1)));
-    // The upgrade is idempotent.
-    PostgresQueue::<D>::upgrade_legacy_table(
-        &support::pool::<D>(&db, 1),
-        &table,
-        &queue_name,
-        None,
-    )
-    .await
-    .unwrap();
-    db.drop_db().await;
-}
-
 #[tokio::test]
 async fn an_invalid_table_name_is_rejected_before_any_sql_runs() {
     // A pool that would fail on first use: nothing may reach it.
@@ -309,14 +209,8 @@ async fn an_invalid_table_name_is_rejected_before_any_sql_runs() {
             "{bad:?}: {err}"
         );
     }
-    assert!(
-        queue_postgres::upgrade_legacy_sql(
-            &TableName::default(),
-            &QueueName::default(),
-            Some("x; drop")
-        )
-        .is_err()
-    );
+    let upgrade = queue_postgres::LegacyUpgrade::new(TableName::default(), QueueName::default());
+    assert!(upgrade.retire_index("x; drop").is_err());
     // The type makes a bad name unrepresentable: the only way to a PgQueue is a valid name.
     assert_eq!(unreachable.size(), 0, "no connection was attempted");
 }

@@ -1,0 +1,29 @@
+-- The legacy upgrade, phase 1 of 4: the lease schema's columns, added to a legacy queue table (a
+-- pre-lease claim pattern: status + attempts + next_attempt_at, no claim stamp) in place.
+-- Rendered by queue_postgres::LegacyUpgrade, with {{queue}} as the queue column's default (rows
+-- the legacy release goes on inserting without it belong to that queue).
+--
+-- Catalog-only: every default is a constant or now() (stable, evaluated once), so no row is
+-- rewritten, but the ALTER takes ACCESS EXCLUSIVE, which blocks readers and writers while it
+-- waits for the lock. The runner sets a short lock_timeout and tries again; the statement is
+-- over in milliseconds once it has the lock. Re-runnable (IF NOT EXISTS).
+--
+-- No backfill of claimed_at: a legacy in_flight row keeps claimed_at NULL, which the claim
+-- treats as an expired lease, so rows stranded by the old release are re-claimable at once.
+-- The columns of every later table migration are here too, so the table ends on the current
+-- lease schema (a test compares it with a table created by create_table_sql).
+ALTER TABLE "{{table}}"
+    ADD COLUMN IF NOT EXISTS claimed_at          timestamptz,
+    ADD COLUMN IF NOT EXISTS claim_generation    bigint      NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS reclaims            integer     NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS queue               text        NOT NULL DEFAULT '{{queue}}',
+    ADD COLUMN IF NOT EXISTS payload             jsonb       NOT NULL DEFAULT '{}',
+    ADD COLUMN IF NOT EXISTS priority            smallint    NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS last_error          text,
+    ADD COLUMN IF NOT EXISTS unique_key          text,
+    ADD COLUMN IF NOT EXISTS created_at          timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS updated_at          timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS finished_at         timestamptz,
+    ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz,
+    ADD COLUMN IF NOT EXISTS lease_generation    bigint,
+    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz
