@@ -18,4 +18,12 @@ ALTER TABLE "exchange_send_jobs"
     ADD COLUMN IF NOT EXISTS finished_at         timestamptz,
     ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz,
     ADD COLUMN IF NOT EXISTS lease_generation    bigint,
-    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
+    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz,
+    ADD COLUMN IF NOT EXISTS claimed_by          text,
+    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]';
+
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
+    queue      text        PRIMARY KEY,
+    paused_at  timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);

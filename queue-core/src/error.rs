@@ -112,6 +112,21 @@ pub enum InvalidInput {
     /// A delay longer than [`crate::limits::MAX_DELAY`].
     #[error("a delay of {0:?} is longer than the longest the queue schedules ({max:?})", max = crate::limits::MAX_DELAY)]
     DelayTooLong(Duration),
+    /// An operator's retry named a status other than `dead`, `failed` or `cancelled`.
+    #[error("only dead, failed or cancelled jobs can be retried, not {}", status.as_str())]
+    NotRetryable {
+        /// The status named.
+        status: crate::JobStatus,
+    },
+    /// A purge named no status, or a live one (`pending`, `in_flight`).
+    #[error("{}", match status {
+        None => "a purge needs at least one terminal status".to_owned(),
+        Some(s) => format!("only terminal jobs can be purged, not {}", s.as_str()),
+    })]
+    NotPurgeable {
+        /// The live status named, if one was.
+        status: Option<crate::JobStatus>,
+    },
     /// An instant outside [`crate::limits::EARLIEST`] ..= [`crate::limits::LATEST`].
     #[error("the instant {0} is outside the range the queue stores (1970 to 9999)")]
     InstantOutOfRange(chrono::DateTime<chrono::Utc>),

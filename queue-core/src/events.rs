@@ -63,6 +63,14 @@ pub const LISTENER_CONNECTED: &str = "queue.listener_connected";
 pub const LISTENER_LOST: &str = "queue.listener_lost";
 /// Graceful shutdown finished (info).
 pub const WORKER_STOPPED: &str = "queue.worker_stopped";
+/// An operator reopened a dead, failed or cancelled job (info).
+pub const JOB_RETRIED_BY_OPERATOR: &str = "queue.job_retried_by_operator";
+/// An operator paused or resumed a queue (info).
+pub const QUEUE_PAUSED: &str = "queue.queue_paused";
+/// See [`QUEUE_PAUSED`].
+pub const QUEUE_RESUMED: &str = "queue.queue_resumed";
+/// Terminal jobs purged by an operator (info).
+pub const JOBS_PURGED: &str = "queue.jobs_purged";
 
 /// The event of a finalize's outcome: the fence refused it, or it applied an outcome an
 /// operator may want to see (a retry, a failure, a dead job). Completions and releases are too
@@ -169,6 +177,30 @@ pub(crate) fn cancelled(queue: &QueueName, id: JobId, outcome: crate::types::Can
         outcome = ?outcome,
         "{JOB_CANCELLED}"
     );
+}
+
+pub(crate) fn retried_by_operator(queue: &QueueName, id: JobId, seen: crate::JobStatus) {
+    tracing::info!(
+        name: JOB_RETRIED_BY_OPERATOR,
+        queue = %queue,
+        job_id = id.0,
+        was = seen.as_str(),
+        "{JOB_RETRIED_BY_OPERATOR}"
+    );
+}
+
+/// A queue paused (`true`) or resumed, for backends to emit when the change applied.
+pub fn queue_paused(queue: &QueueName, paused: bool) {
+    if paused {
+        tracing::info!(name: QUEUE_PAUSED, queue = %queue, "{QUEUE_PAUSED}");
+    } else {
+        tracing::info!(name: QUEUE_RESUMED, queue = %queue, "{QUEUE_RESUMED}");
+    }
+}
+
+/// Jobs purged, for backends to emit after each batch.
+pub fn jobs_purged(queue: &QueueName, deleted: u64) {
+    tracing::info!(name: JOBS_PURGED, queue = %queue, deleted, "{JOBS_PURGED}");
 }
 
 pub(crate) fn cancel_requested(queue: &QueueName, claim: Claim) {

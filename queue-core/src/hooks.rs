@@ -63,6 +63,17 @@ pub struct FinalizeEvent<'a, P> {
     pub action: &'a Finalize,
 }
 
+/// What a hook is told when an operator reopened a job ([`crate::retry_with_hooks`]).
+#[derive(Debug)]
+pub struct ReopenEvent<'a, P> {
+    /// The job as reopened: `pending`, attempts reset.
+    pub job: &'a crate::types::JobRecord,
+    /// The status it was reopened from (`dead`, `failed` or `cancelled`).
+    pub previous: crate::types::JobStatus,
+    /// The payload, parsed into the handler's type.
+    pub payload: Payload<'a, P>,
+}
+
 /// A side effect that must commit atomically with a job's outcome: a domain status, an outbox
 /// row, an audit row.
 ///
@@ -107,6 +118,19 @@ pub trait FinalizeHook<Tx, P>: Send + Sync + 'static {
         tx: &mut Tx,
         event: &FinalizeEvent<'_, P>,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Runs inside the transaction in which an operator reopened a job that had ended
+    /// ([`crate::retry_with_hooks`]), so that domain state follows it back (a failed domain
+    /// row made pending again). An error refuses the retry: nothing changes. Does nothing by
+    /// default.
+    fn after_reopened(
+        &self,
+        tx: &mut Tx,
+        event: &ReopenEvent<'_, P>,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (tx, event);
+        async { Ok(()) }
+    }
 }
 
 type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'a>>;
@@ -115,6 +139,7 @@ type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send +
 trait DynHook<Tx, P>: Send + Sync {
     fn name(&self) -> &str;
     fn run<'a>(&'a self, tx: &'a mut Tx, event: &'a FinalizeEvent<'a, P>) -> HookFuture<'a>;
+    fn run_reopened<'a>(&'a self, tx: &'a mut Tx, event: &'a ReopenEvent<'a, P>) -> HookFuture<'a>;
 }
 
 impl<Tx, P, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
@@ -124,6 +149,10 @@ impl<Tx, P, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
 
     fn run<'a>(&'a self, tx: &'a mut Tx, event: &'a FinalizeEvent<'a, P>) -> HookFuture<'a> {
         Box::pin(self.after_applied(tx, event))
+    }
+
+    fn run_reopened<'a>(&'a self, tx: &'a mut Tx, event: &'a ReopenEvent<'a, P>) -> HookFuture<'a> {
+        Box::pin(self.after_reopened(tx, event))
     }
 }
 
@@ -166,6 +195,21 @@ impl<Tx, P> Hooks<Tx, P> {
                 hook: hook.name().to_owned(),
                 source,
             })?;
+        }
+        Ok(())
+    }
+}
+
+impl<Tx, P> Hooks<Tx, P> {
+    /// Runs every hook's [`FinalizeHook::after_reopened`] in order inside `tx`.
+    pub async fn run_reopened(&self, tx: &mut Tx, event: &ReopenEvent<'_, P>) -> Result<()> {
+        for hook in &self.hooks {
+            hook.run_reopened(tx, event)
+                .await
+                .map_err(|source| Error::Hook {
+                    hook: hook.name().to_owned(),
+                    source,
+                })?;
         }
         Ok(())
     }

@@ -55,6 +55,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod backend;
 mod backoff;
 mod error;
@@ -76,19 +77,24 @@ mod runtime_tests;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use admin::{
+    Admin, DrainReport, JobFilter, JobPage, MAX_PAGE, PurgeRequest, QueueControl, RETRYABLE,
+    RetryTarget, drain, purge, retry_with_hooks,
+};
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};
 pub use handler::{CancelReason, ErrorAction, Handler, JobContext, JobError, ResultExt};
 pub use hooks::{
-    FinalizeEvent, FinalizeHook, Hooks, Payload, cancel_with_hooks, finalize_with_hooks,
+    FinalizeEvent, FinalizeHook, Hooks, Payload, ReopenEvent, cancel_with_hooks,
+    finalize_with_hooks,
 };
 pub use memory::{MemoryBackend, MemoryTx};
 pub use retry::RetryPolicy;
 pub use types::{
     CANCEL_REQUESTED_MESSAGE, CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, Claim,
     ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Enqueued,
-    Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus, Lease,
-    NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
+    ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus,
+    Lease, NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
 };
 pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

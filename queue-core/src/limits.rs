@@ -36,6 +36,34 @@ pub const LATEST: DateTime<Utc> = match DateTime::from_timestamp(253_402_300_799
     None => panic!("9999-12-31T23:59:59Z is a valid instant"),
 };
 
+/// How many errors a job's history keeps ([`crate::JobRecord::errors`]): the last ten.
+pub const ERROR_HISTORY_LEN: usize = 10;
+
+/// The longest error text an entry of the history keeps, in characters (the full text, up to
+/// [`MAX_ERROR_BYTES`], is the latest entry's `last_error`).
+pub const HISTORY_ERROR_CHARS: usize = 1024;
+
+/// The longest holder name ([`crate::ClaimRequest::holder`]) stored, in bytes.
+pub const MAX_HOLDER_BYTES: usize = 200;
+
+/// A holder name as it is stored: control characters (NUL among them) taken out, cut at
+/// [`MAX_HOLDER_BYTES`] on a character boundary.
+pub fn storable_holder(name: &str) -> String {
+    let mut out = String::with_capacity(name.len().min(MAX_HOLDER_BYTES));
+    for c in name.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > MAX_HOLDER_BYTES {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An error text as the history keeps it: at most [`HISTORY_ERROR_CHARS`] characters.
+pub fn history_text(text: &str) -> String {
+    text.chars().take(HISTORY_ERROR_CHARS).collect()
+}
+
 /// `text` as it can be stored: without NUL characters, at most [`MAX_ERROR_BYTES`].
 pub fn storable_text(text: &str) -> Cow<'_, str> {
     let text = if text.contains('\0') {

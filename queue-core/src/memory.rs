@@ -57,6 +57,8 @@ struct State {
     /// In-flight jobs per queue (few: bounded by the workers' concurrency).
     in_flight: BTreeMap<String, BTreeSet<i64>>,
     unique: HashMap<(String, String), i64>,
+    /// Paused queues, with when they were paused.
+    paused: HashMap<String, DateTime<Utc>>,
 }
 
 impl State {
@@ -147,6 +149,8 @@ impl State {
             created_at: now,
             updated_at: now,
             finished_at: None,
+            claimed_by: None,
+            errors: Vec::new(),
         };
         self.put(id, Some(row));
         (
@@ -176,6 +180,19 @@ impl State {
         }
         let action = &action.storable();
         let mut row = current.clone();
+        if let Some(error) = action.error_text() {
+            if row.errors.len() >= crate::limits::ERROR_HISTORY_LEN {
+                row.errors.remove(0);
+            }
+            row.errors.push(crate::types::ErrorEntry {
+                attempt: row.attempts,
+                generation: row.claim_generation.0,
+                at: now,
+                worker: row.claimed_by.clone(),
+                outcome: action.kind().to_owned(),
+                error: crate::limits::history_text(error),
+            });
+        }
         row.status = action.target_status();
         row.lease_expires_at = None;
         row.updated_at = now;
@@ -301,6 +318,8 @@ impl MemoryBackend {
             created_at: now,
             updated_at: now,
             finished_at: None,
+            claimed_by: None,
+            errors: Vec::new(),
         })
         .await
     }
@@ -463,6 +482,9 @@ impl Backend for MemoryBackend {
         let limit = request.batch_size as usize;
         let mut state = self.store.state.lock().await;
         let queue = self.queue.as_str();
+        if state.paused.contains_key(queue) {
+            return Ok(ClaimBatch::default());
+        }
 
         // The two picks of the SQL claim: due pending jobs in order, and expired leases.
         let due: Vec<(DateTime<Utc>, i16, i64)> = state
@@ -509,6 +531,7 @@ impl Backend for MemoryBackend {
             row.attempts += 1;
             row.claim_generation.0 += 1;
             row.claimed_at = Some(now);
+            row.claimed_by = request.holder.clone();
             row.lease_expires_at = Some(now + lease);
             row.updated_at = now;
             batch.jobs.push(ClaimedJob {
@@ -692,5 +715,134 @@ impl Backend for MemoryBackend {
 
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         Some(self.store.wake.clone())
+    }
+}
+
+impl crate::admin::Admin for MemoryBackend {
+    async fn list_jobs(&self, filter: &crate::admin::JobFilter) -> Result<crate::admin::JobPage> {
+        let state = self.store.state.lock().await;
+        let mut rows: Vec<JobRecord> = state
+            .jobs
+            .values()
+            .filter(|j| j.queue == self.queue.as_str() && filter.matches(j))
+            .cloned()
+            .collect();
+        rows.sort_by_key(|j| std::cmp::Reverse(j.id));
+        rows.truncate(filter.limit as usize + 1);
+        Ok(crate::admin::JobPage::from_rows(rows, filter.limit))
+    }
+
+    async fn find_by_unique_key(&self, key: &str) -> Result<Option<JobRecord>> {
+        let state = self.store.state.lock().await;
+        Ok(state
+            .unique
+            .get(&(self.queue.as_str().to_owned(), key.to_owned()))
+            .and_then(|id| state.jobs.get(id))
+            .cloned())
+    }
+
+    async fn retry_in(
+        &self,
+        tx: &mut MemoryTx,
+        id: JobId,
+        seen: JobStatus,
+    ) -> Result<crate::admin::RetryTarget> {
+        use crate::admin::RetryTarget;
+        let now = tx.now;
+        let queue = self.queue.as_str();
+        let state = tx.state();
+        let Some(job) = state.jobs.get(&id.0).filter(|j| j.queue == queue) else {
+            return Ok(RetryTarget::NotFound);
+        };
+        if job.status != seen {
+            return Ok(RetryTarget::WrongState(job.status));
+        }
+        let mut row = job.clone();
+        row.status = JobStatus::Pending;
+        row.attempts = 0;
+        row.reclaims = 0;
+        row.next_attempt_at = now;
+        row.claimed_at = None;
+        row.lease_expires_at = None;
+        row.cancel_requested_at = None;
+        row.finished_at = None;
+        row.updated_at = now;
+        let previous = state.put(id.0, Some(row.clone()));
+        tx.undo.push((id.0, previous));
+        tx.wake = Some(self.store.wake.clone());
+        Ok(RetryTarget::Retried(Box::new(row)))
+    }
+
+    async fn purge_batch(&self, request: &crate::admin::PurgeRequest) -> Result<u64> {
+        let now = self.now();
+        let cutoff = now - to_delta(request.older_than());
+        let mut state = self.store.state.lock().await;
+        let mut doomed: Vec<(DateTime<Utc>, i64)> = state
+            .jobs
+            .values()
+            .filter(|j| {
+                j.queue == self.queue.as_str()
+                    && request.statuses().contains(&j.status)
+                    && j.finished_at.is_some_and(|at| at < cutoff)
+            })
+            .map(|j| (j.finished_at.unwrap_or(now), j.id.0))
+            .collect();
+        doomed.sort();
+        doomed.truncate(request.rows_per_batch() as usize);
+        for (_, id) in &doomed {
+            state.put(*id, None);
+        }
+        drop(state);
+        crate::events::jobs_purged(&self.queue, doomed.len() as u64);
+        Ok(doomed.len() as u64)
+    }
+
+    async fn pause(&self) -> Result<crate::admin::QueueControl> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let paused_at = *state
+            .paused
+            .entry(self.queue.as_str().to_owned())
+            .or_insert(now);
+        drop(state);
+        crate::events::queue_paused(&self.queue, true);
+        Ok(crate::admin::QueueControl {
+            paused_at: Some(paused_at),
+        })
+    }
+
+    async fn resume(&self) -> Result<crate::admin::QueueControl> {
+        self.store
+            .state
+            .lock()
+            .await
+            .paused
+            .remove(self.queue.as_str());
+        crate::events::queue_paused(&self.queue, false);
+        self.wake();
+        Ok(crate::admin::QueueControl { paused_at: None })
+    }
+
+    async fn control(&self) -> Result<crate::admin::QueueControl> {
+        let state = self.store.state.lock().await;
+        Ok(crate::admin::QueueControl {
+            paused_at: state.paused.get(self.queue.as_str()).copied(),
+        })
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueName>> {
+        let state = self.store.state.lock().await;
+        // As on PostgreSQL: queues with a live, failed, dead or cancelled job, or a pause.
+        let mut names: BTreeSet<&str> = state
+            .jobs
+            .values()
+            .filter(|j| j.status != JobStatus::Completed)
+            .map(|j| j.queue.as_str())
+            .collect();
+        names.extend(state.paused.keys().map(String::as_str));
+        names
+            .into_iter()
+            .map(|name| QueueName::new(name).map_err(Into::into))
+            .collect()
     }
 }

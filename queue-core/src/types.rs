@@ -380,7 +380,18 @@ impl Finalize {
         }
     }
 
-    /// A short stable name for logs: `complete`, `fail`, `retry`, `release`, `cancel`, `dead`.
+    /// The error text this outcome stores (`last_error`): a fail or retry's error, a cancel or
+    /// dead reason; `None` for complete and release.
+    pub fn error_text(&self) -> Option<&str> {
+        match self {
+            Finalize::Fail { error } | Finalize::Retry { error, .. } => Some(error),
+            Finalize::Cancel { reason } | Finalize::Dead { reason } => Some(reason),
+            Finalize::Complete | Finalize::Release => None,
+        }
+    }
+
+    /// A short stable name for logs and the error history: `complete`, `fail`, `retry`,
+    /// `release`, `cancel`, `dead`.
     pub fn kind(&self) -> &'static str {
         match self {
             Finalize::Complete => "complete",
@@ -526,6 +537,28 @@ pub struct JobRecord {
     pub updated_at: DateTime<Utc>,
     /// When it reached a terminal state.
     pub finished_at: Option<DateTime<Utc>>,
+    /// Who holds (or last held) it: the claimer's [`ClaimRequest::holder`].
+    pub claimed_by: Option<String>,
+    /// Its last errors, oldest first, at most [`crate::limits::ERROR_HISTORY_LEN`]: each
+    /// failed, retried, cancelled or dead outcome of a holder adds one.
+    pub errors: Vec<ErrorEntry>,
+}
+
+/// One error of a job's history ([`JobRecord::errors`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ErrorEntry {
+    /// The claim's attempt number (`attempts` when the holder reported it).
+    pub attempt: i32,
+    /// The claim's generation.
+    pub generation: i64,
+    /// When the outcome was written, by the store's clock.
+    pub at: DateTime<Utc>,
+    /// The holder that reported it, when it had a name.
+    pub worker: Option<String>,
+    /// The outcome: `fail`, `retry`, `cancel` or `dead` ([`Finalize::kind`]).
+    pub outcome: String,
+    /// The error text, as stored in `last_error`.
+    pub error: String,
 }
 
 impl JobRecord {
@@ -646,7 +679,7 @@ impl FinishedCounts {
 }
 
 /// What one claim asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRequest {
     /// At most this many jobs (at least 1).
     pub batch_size: u32,
@@ -657,6 +690,9 @@ pub struct ClaimRequest {
     /// [`ClaimedJob::over_reclaim_cap`] (a poison job that kills its worker every time): its
     /// holder buries it instead of running it.
     pub max_reclaims: u32,
+    /// Who claims: stored with the claim (`claimed_by`), shown by the admin API as the job's
+    /// holder and recorded with each error the holder reports. `None` stores no name.
+    pub holder: Option<String>,
 }
 
 /// The default reclaim cap: a job may be taken over from an expired lease five times; after the
@@ -675,7 +711,15 @@ impl ClaimRequest {
             batch_size: batch_size.max(1),
             lease,
             max_reclaims: DEFAULT_MAX_RECLAIMS,
+            holder: None,
         }
+    }
+
+    /// Names the claimer (a worker's [`WorkerConfig::name`](crate::WorkerConfig::name)); the
+    /// name is cut to [`crate::limits::MAX_HOLDER_BYTES`] and stripped of control characters.
+    pub fn holder(mut self, name: impl Into<String>) -> Self {
+        self.holder = Some(crate::limits::storable_holder(&name.into()));
+        self
     }
 
     /// Sets the reclaim cap.

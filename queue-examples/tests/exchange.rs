@@ -562,7 +562,7 @@ fn exchange_upgrade() -> LegacyUpgrade {
 
 /// The versions under which the exchange commits the generated files, in their order (0005,
 /// between the columns and the backfill, is the exchange's own).
-const GENERATED_VERSIONS: [i64; 9] = [
+const GENERATED_VERSIONS: [i64; 10] = [
     20260101000004,
     20260101000006,
     20260101000007,
@@ -572,6 +572,7 @@ const GENERATED_VERSIONS: [i64; 9] = [
     20260101000011,
     20260101000012,
     20260101000013,
+    20260101000014,
 ];
 
 /// A generated migration as committed: sqlx's `-- no-transaction` first where there is one,

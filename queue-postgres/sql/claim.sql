@@ -1,6 +1,7 @@
 -- The claim: recovery folded in, by the database's clock only.
 --
--- Parameters: $1 queue; $2 batch size; $3 lease in seconds; $4 reclaim cap.
+-- Parameters: $1 queue; $2 batch size; $3 lease in seconds; $4 reclaim cap; $5 the claimer's
+-- name (claimed_by; NULL for none).
 --
 -- Takes due pending jobs, and in-flight jobs whose lease expired, in next_attempt_at then
 -- priority order. A job's lease is its own, stored with its claim (lease_expires_at, and
@@ -16,12 +17,15 @@
 -- takeover also counts a reclaim, and one past the reclaim cap comes back flagged
 -- over_reclaim_cap (its holder ends it dead through finalize.sql, with the hooks); a job whose
 -- cancel an operator requested comes back flagged cancel_requested (its holder ends it
--- cancelled). Rows come back in claim order, each with when it was due (due_at: the worker's
+-- cancelled). A queue an operator paused ("{{table}}_queues".paused_at set) gives nothing: the
+-- check is one primary-key read, done once per claim. Rows come back in claim order, each with when it was due (due_at: the worker's
 -- start-lag metric).
 WITH due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
     FROM "{{table}}"
     WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
+                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
     ORDER BY next_attempt_at, priority, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -33,6 +37,8 @@ expired AS MATERIALIZED (
       AND (lease_expires_at < now() OR lease_expires_at IS NULL)
       AND (lease_generation = claim_generation
            OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
+      AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
+                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
     ORDER BY lease_expires_at NULLS FIRST
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -49,6 +55,7 @@ claimed AS (
         attempts = j.attempts + 1,
         reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
         claimed_at = now(),
+        claimed_by = $5,
         lease_expires_at = now() + make_interval(secs => $3),
         lease_generation = j.claim_generation + 1,
         claim_generation = j.claim_generation + 1,

@@ -3,8 +3,14 @@
 -- Parameters, one array element per write: $1 ids; $2 generations; $3 the status to write;
 -- $4 whether to give the claim's attempt back (a release); $5 retry instants and $6 retry delays
 -- in seconds (both NULL: next_attempt_at stays); $7 errors (NULL: last_error stays); $8 whether
--- the status is terminal (stamps finished_at). What each outcome writes is decided in Rust
--- (queue_postgres's encode.rs, from queue_core::Finalize), never here.
+-- the status is terminal (stamps finished_at); $9 the outcome's name (queue_core::Finalize::kind).
+-- What each outcome writes is decided in Rust (queue_postgres's encode.rs, from
+-- queue_core::Finalize), never here.
+--
+-- An outcome with an error also appends it to the job's history (errors), with the claim's
+-- attempt and generation, the time and the holder's name, keeping the last {{history_len}} (one
+-- is appended at a time, so dropping the first when full keeps it bounded) and the first
+-- {{history_chars}} characters of each text.
 --
 -- Guarantees: each row is a compare-and-set on (id, status = 'in_flight', claim_generation);
 -- the rows returned are the writes that applied, the rest were refused by the fence (Stale).
@@ -16,11 +22,17 @@ SET status = u.status,
         WHEN u.delay_secs IS NOT NULL THEN now() + make_interval(secs => u.delay_secs)
         ELSE j.next_attempt_at END,
     last_error = COALESCE(u.error, j.last_error),
+    errors = CASE WHEN u.error IS NULL THEN j.errors ELSE
+        (CASE WHEN jsonb_array_length(j.errors) >= {{history_len}} THEN j.errors - 0 ELSE j.errors END)
+        || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempts, 'generation', j.claim_generation, 'at', now(),
+            'worker', j.claimed_by, 'outcome', u.kind, 'error', left(u.error, {{history_chars}})))
+    END,
     lease_expires_at = NULL,
     updated_at = now(),
     finished_at = CASE WHEN u.terminal THEN now() END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[],
-            $6::float8[], $7::text[], $8::bool[])
-     AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal)
+            $6::float8[], $7::text[], $8::bool[], $9::text[])
+     AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal, kind)
 WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
 RETURNING j.id, u.claim_generation

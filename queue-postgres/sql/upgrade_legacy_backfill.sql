@@ -3,15 +3,17 @@
 -- counts from the upgrade). One bounded batch of the primary key per statement, each its own
 -- transaction: row locks on at most {{limit}} rows for milliseconds, never the table.
 --
--- Parameters: {{after}} the last id of the previous batch (0 to start), {{limit}} the batch size,
+-- Parameters: {{after}} the last id of the previous batch (below the lowest id to start), {{limit}} the batch size,
 -- {{until}} the highest id when the backfill began (rows inserted later are the release's own:
 -- the backfill does not chase a live writer). The runner binds $1, $2 and $3; the migration form
 -- is a DO block whose variables they are.
 -- Returns last_id, the highest id of this batch (NULL: no row is left), and stamped, how many
 -- rows it stamped. Idempotent: a batch run again stamps nothing, so an interrupted backfill is
--- resumed by running it again (from 0, or from the last id it reported).
+-- resumed by running it again (from the start, or from the last id it reported). The runner
+-- gives each batch a lock_timeout and tries it again when a legacy transaction holds one of its
+-- rows, so that the batch never keeps its own row locks while it waits.
 WITH batch AS (
-    SELECT id FROM "{{table}}" WHERE id > {{after}} AND id <= {{until}} ORDER BY id LIMIT {{limit}}
+    SELECT id FROM "{{table}}" WHERE id > {{after}}::bigint AND id <= {{until}}::bigint ORDER BY id LIMIT {{limit}}
 ), stamped AS (
     UPDATE "{{table}}" AS t SET finished_at = now()
     FROM batch

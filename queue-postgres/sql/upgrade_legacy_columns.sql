@@ -26,4 +26,13 @@ ALTER TABLE "{{table}}"
     ADD COLUMN IF NOT EXISTS finished_at         timestamptz,
     ADD COLUMN IF NOT EXISTS lease_expires_at    timestamptz,
     ADD COLUMN IF NOT EXISTS lease_generation    bigint,
-    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz
+    ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz,
+    ADD COLUMN IF NOT EXISTS claimed_by          text,
+    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]';
+
+-- The queue controls (pauses), a table of their own: creating it takes no lock on the job table.
+CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
+    queue      text        PRIMARY KEY,
+    paused_at  timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)

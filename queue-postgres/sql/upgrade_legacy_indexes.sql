@@ -21,3 +21,6 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_unique_idx"
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_finished_idx"
     ON "{{table}}" (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_failed_idx"
+    ON "{{table}}" (queue, status, id) WHERE status IN ('failed', 'dead', 'cancelled');

@@ -53,6 +53,8 @@ pub(crate) struct FinalizeColumns<'a> {
     pub errors: Vec<Option<Cow<'a, str>>>,
     /// Whether the status is terminal (stamps `finished_at`).
     pub terminals: Vec<bool>,
+    /// The outcome's name ([`Finalize::kind`]), kept in the error history.
+    pub kinds: Vec<&'static str>,
 }
 
 impl<'a> FinalizeColumns<'a> {
@@ -81,6 +83,7 @@ impl<'a> FinalizeColumns<'a> {
             columns.delays.push(delay);
             columns.errors.push(error);
             columns.terminals.push(status.is_terminal());
+            columns.kinds.push(action.kind());
         }
         columns
     }

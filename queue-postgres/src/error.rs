@@ -81,6 +81,14 @@ pub enum PgError {
         range: &'static str,
     },
 
+    /// Another legacy upgrade of the same table is running (it holds the upgrade's advisory
+    /// lock): nothing was done.
+    #[error("another upgrade of {table:?} is running; nothing was done")]
+    UpgradeInProgress {
+        /// The table.
+        table: String,
+    },
+
     /// The legacy upgrade's `ALTER TABLE` did not get its lock within `lock_timeout` in any of
     /// its tries (a long transaction holds the table): nothing was changed. Run it again when
     /// the table is quieter, or with a longer timeout or more tries.

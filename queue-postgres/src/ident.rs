@@ -71,6 +71,11 @@ impl TableName {
         format!("\"{}_{}\"", self.0, suffix)
     }
 
+    /// The table of this table's queue controls (pauses), `<table>_queues`, quoted.
+    pub fn controls_quoted(&self) -> String {
+        format!("\"{}_queues\"", self.0)
+    }
+
     /// The `LISTEN`/`NOTIFY` channel of this table's wake-ups.
     pub fn channel(&self) -> String {
         format!("queue_{}", self.0)

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BackendTx, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
-    FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob, QueueCounts, QueueName,
-    QueueStats,
+    FinalizeOutcome, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease, NewJob,
+    PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats, RetryTarget,
 };
 use tokio::sync::Notify;
 
@@ -431,5 +431,105 @@ impl<D: Driver> Row<D> {
 impl<D: Driver> std::fmt::Debug for Row<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Row").finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
+    async fn list_jobs(&self, filter: &JobFilter) -> queue_core::Result<JobPage> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let rows = statement::list_jobs::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            filter,
+        )
+        .await?;
+        Ok(JobPage::from_rows(rows, filter.limit))
+    }
+
+    async fn find_by_unique_key(&self, key: &str) -> queue_core::Result<Option<JobRecord>> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(
+            statement::find_unique::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, key)
+                .await?,
+        )
+    }
+
+    async fn retry_in(
+        &self,
+        tx: &mut PostgresTx<D>,
+        id: JobId,
+        seen: JobStatus,
+    ) -> queue_core::Result<RetryTarget> {
+        let inner = &self.inner;
+        let target =
+            statement::retry::<D>(tx.conn(), &inner.sql, &inner.config.queue, id, seen).await?;
+        if matches!(target, RetryTarget::Retried(_)) {
+            // Idle workers hear of it when the transaction commits.
+            self.notify_in(tx.conn()).await?;
+        }
+        Ok(target)
+    }
+
+    async fn purge_batch(&self, request: &PurgeRequest) -> queue_core::Result<u64> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let deleted = statement::purge::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            request,
+        )
+        .await?;
+        queue_core::events::jobs_purged(&inner.config.queue, deleted);
+        Ok(deleted)
+    }
+
+    async fn pause(&self) -> queue_core::Result<QueueControl> {
+        self.set_paused(true).await
+    }
+
+    async fn resume(&self) -> queue_core::Result<QueueControl> {
+        self.set_paused(false).await
+    }
+
+    async fn control(&self) -> queue_core::Result<QueueControl> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let paused_at =
+            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
+        Ok(QueueControl { paused_at })
+    }
+
+    async fn queues(&self) -> queue_core::Result<Vec<QueueName>> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(statement::queues::<D>(D::pooled(&mut conn), &inner.sql).await?)
+    }
+}
+
+impl<D: Driver> PostgresQueue<D> {
+    /// Pauses or resumes the queue in one transaction; a resume wakes the idle workers of
+    /// every process (`NOTIFY` on commit).
+    async fn set_paused(&self, paused: bool) -> queue_core::Result<QueueControl> {
+        let inner = &self.inner;
+        let mut tx = D::begin(&inner.pool).await?;
+        let paused_at =
+            statement::pause::<D>(D::in_tx(&mut tx), &inner.sql, &inner.config.queue, paused)
+                .await?;
+        if !paused {
+            statement::notify::<D>(
+                D::in_tx(&mut tx),
+                &inner.sql,
+                &inner.channel,
+                &inner.config.queue,
+            )
+            .await?;
+        }
+        D::commit(tx).await?;
+        queue_core::events::queue_paused(&inner.config.queue, paused);
+        Ok(QueueControl { paused_at })
     }
 }

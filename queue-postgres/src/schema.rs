@@ -51,7 +51,7 @@ pub fn table_migration_sql(table: &TableName, version: i64) -> Result<String, Pg
 }
 
 /// The indexes the statements rely on, by suffix, with what each is for.
-const REQUIRED_INDEXES: [(&str, &str); 5] = [
+const REQUIRED_INDEXES: [(&str, &str); 6] = [
     ("due_idx", "the due pick of the claim"),
     (
         "expiry_idx",
@@ -63,6 +63,10 @@ const REQUIRED_INDEXES: [(&str, &str); 5] = [
     ),
     ("unique_idx", "unique keys"),
     ("finished_idx", "the retention sweep"),
+    (
+        "failed_idx",
+        "the listing of failed, dead and cancelled jobs",
+    ),
 ];
 
 /// The suffixes of the indexes the statements rely on.
@@ -80,6 +84,8 @@ pub(crate) struct TableFacts {
     pub(crate) indexes: Vec<String>,
     /// Names of the indexes left invalid by a concurrent build that failed.
     pub(crate) invalid_indexes: Vec<String>,
+    /// Whether the queue controls table (`<table>_queues`) exists.
+    pub(crate) has_controls_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -112,6 +118,11 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
         } else if !facts.indexes.contains(&name) {
             missing.push(format!("index {name} ({purpose})"));
         }
+    }
+    if !facts.has_controls_table {
+        missing.push(format!(
+            "the table {table}_queues (queue pauses, table migration 20261202000001)"
+        ));
     }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
@@ -159,7 +170,10 @@ mod tests {
             table_migration_sql(&table, 1),
             Err(PgError::UnknownMigration { version: 1 })
         ));
-        assert_eq!(table_migration_versions(), [20261130000001, 20261201000001]);
+        assert_eq!(
+            table_migration_versions(),
+            [20261130000001, 20261201000001, 20261202000001]
+        );
     }
 
     #[test]
@@ -174,6 +188,7 @@ mod tests {
             ],
             indexes: vec![],
             invalid_indexes: vec!["queue_jobs_due_idx".into()],
+            has_controls_table: false,
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();

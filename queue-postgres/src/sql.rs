@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use queue_core::JobStatus;
+
 use crate::error::PgError;
 use crate::ident::TableName;
 
@@ -37,6 +39,15 @@ pub(crate) const SWEEP_FINISHED: Template = template!("sweep_finished.sql");
 pub(crate) const TABLE_COLUMNS: Template = template!("table_columns.sql");
 pub(crate) const TABLE_INDEXES: Template = template!("table_indexes.sql");
 pub(crate) const TABLE_ID_SEQUENCE: Template = template!("table_id_sequence.sql");
+pub(crate) const LIST_JOBS: Template = template!("list_jobs.sql");
+pub(crate) const FIND_UNIQUE: Template = template!("find_unique.sql");
+pub(crate) const RETRY: Template = template!("retry.sql");
+pub(crate) const PURGE: Template = template!("purge.sql");
+pub(crate) const PAUSE: Template = template!("pause.sql");
+pub(crate) const QUEUE_CONTROL: Template = template!("queue_control.sql");
+pub(crate) const QUEUES: Template = template!("queues.sql");
+pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
+pub(crate) const UPGRADE_LOCK: Template = template!("upgrade_lock.sql");
 pub(crate) const INDEX_STATE: Template = template!("index_state.sql");
 pub(crate) const UPGRADE_LEGACY_COLUMNS: Template = template!("upgrade_legacy_columns.sql");
 pub(crate) const UPGRADE_LEGACY_BACKFILL: Template = template!("upgrade_legacy_backfill.sql");
@@ -47,7 +58,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 2] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 3] = [
     (
         20261130000001,
         "queue jobs",
@@ -62,6 +73,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 2] = [
         Template {
             name: "20261201000001_lease_and_cancel_request.sql",
             text: include_str!("../migrations/20261201000001_lease_and_cancel_request.sql"),
+        },
+    ),
+    (
+        20261202000001,
+        "holder errors and queue controls",
+        Template {
+            name: "20261202000001_holder_errors_and_queue_controls.sql",
+            text: include_str!("../migrations/20261202000001_holder_errors_and_queue_controls.sql"),
         },
     ),
 ];
@@ -86,12 +105,14 @@ pub(crate) mod col {
     pub(crate) const CREATED_AT: &str = "created_at";
     pub(crate) const UPDATED_AT: &str = "updated_at";
     pub(crate) const FINISHED_AT: &str = "finished_at";
+    pub(crate) const CLAIMED_BY: &str = "claimed_by";
+    pub(crate) const ERRORS: &str = "errors";
 }
 
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 18] = [
+pub(crate) const COLUMNS: [(&str, &str); 20] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -110,6 +131,8 @@ pub(crate) const COLUMNS: [(&str, &str); 18] = [
     (col::CREATED_AT, "timestamp with time zone"),
     (col::UPDATED_AT, "timestamp with time zone"),
     (col::FINISHED_AT, "timestamp with time zone"),
+    (col::CLAIMED_BY, "text"),
+    (col::ERRORS, "jsonb"),
 ];
 
 /// Replaces every `{{name}}` of `template` by its value; a token left over (a name without a
@@ -138,20 +161,46 @@ pub(crate) fn render(template: Template, values: &[(&str, &str)]) -> Result<Stri
 /// serves queues of its own, so that a row inserted by hand without its queue is refused instead
 /// of landing in a queue nobody serves.
 pub(crate) fn for_table(template: Template, table: &TableName) -> Result<String, PgError> {
+    for_table_with(template, table, &[])
+}
+
+/// [`for_table`] with more tokens of the caller's.
+pub(crate) fn for_table_with(
+    template: Template,
+    table: &TableName,
+    extra: &[(&str, &str)],
+) -> Result<String, PgError> {
     let columns = COLUMNS.map(|(name, _)| name).join(", ");
     let queue_default = if *table == TableName::default() {
         " DEFAULT 'default'"
     } else {
         ""
     };
-    render(
-        template,
-        &[
-            ("table", table.as_str()),
-            ("columns", &columns),
-            ("queue_default", queue_default),
-        ],
-    )
+    let history_len = queue_core::limits::ERROR_HISTORY_LEN.to_string();
+    let history_chars = queue_core::limits::HISTORY_ERROR_CHARS.to_string();
+    let mut values = vec![
+        ("table", table.as_str()),
+        ("columns", columns.as_str()),
+        ("queue_default", queue_default),
+        ("history_len", history_len.as_str()),
+        ("history_chars", history_chars.as_str()),
+    ];
+    values.extend_from_slice(extra);
+    render(template, &values)
+}
+
+/// The `AND status IN (…)` of `list_jobs.sql` for `statuses` (empty: no filter). The literals
+/// come from [`JobStatus::as_str`] only, so the planner sees them and can pick the partial
+/// index they match.
+fn status_filter(statuses: &[JobStatus]) -> String {
+    if statuses.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = statuses
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    format!("AND status IN ({})", list.join(", "))
 }
 
 /// The statements of one table, rendered once per queue handle.
@@ -167,6 +216,13 @@ pub(crate) struct Sql {
     pub(crate) counts: Arc<str>,
     pub(crate) stats: Arc<str>,
     pub(crate) sweep_finished: Arc<str>,
+    pub(crate) find_unique: Arc<str>,
+    pub(crate) retry: Arc<str>,
+    pub(crate) purge: Arc<str>,
+    pub(crate) pause: Arc<str>,
+    pub(crate) queue_control: Arc<str>,
+    pub(crate) queues: Arc<str>,
+    table: TableName,
 }
 
 impl Sql {
@@ -183,7 +239,24 @@ impl Sql {
             counts: r(COUNTS)?,
             stats: r(STATS)?,
             sweep_finished: r(SWEEP_FINISHED)?,
+            find_unique: r(FIND_UNIQUE)?,
+            retry: r(RETRY)?,
+            purge: r(PURGE)?,
+            pause: r(PAUSE)?,
+            queue_control: r(QUEUE_CONTROL)?,
+            queues: r(QUEUES)?,
+            table: table.clone(),
         })
+    }
+
+    /// `list_jobs.sql` for `statuses`, rendered per call (seven shapes at most; each is a
+    /// distinct prepared statement).
+    pub(crate) fn list_jobs(&self, statuses: &[JobStatus]) -> Result<String, PgError> {
+        for_table_with(
+            LIST_JOBS,
+            &self.table,
+            &[("statuses", &status_filter(statuses))],
+        )
     }
 }
 

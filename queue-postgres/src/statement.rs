@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use queue_core::{
-    CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, Finalize,
-    FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus, Lease, NewJob,
-    QueueCounts, QueueName, QueueStats,
+    CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, ErrorEntry,
+    Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord, JobStatus,
+    Lease, NewJob, PurgeRequest, QueueCounts, QueueName, QueueStats, RetryTarget,
 };
+use serde_json::Value;
 
 use crate::driver::{Column, Driver};
 use crate::encode::{self, EnqueueColumns, FinalizeColumns, parse_status};
@@ -67,6 +69,7 @@ pub(crate) async fn claim<D: Driver>(
         i64::from(request.batch_size.max(1)),
         request.lease.as_secs_f64(),
         i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
+        request.holder.as_deref(),
     );
     let rows = D::query(conn, &sql.claim, &params).await?;
     rows.iter().map(claimed_job::<D>).collect()
@@ -92,6 +95,7 @@ pub(crate) async fn finalize<D: Driver>(
         &c.delays,
         &c.errors,
         &c.terminals,
+        &c.kinds,
     );
     let applied = D::query(conn, &sql.finalize, &params)
         .await?
@@ -258,7 +262,12 @@ pub(crate) async fn table_facts<D: Driver>(
     }
     // pg_get_serial_sequence fails on a table without `id`: ask only when there is one.
     let id_has_sequence = if columns.iter().any(|(name, _)| name == col::ID) {
-        let rows = D::query(conn, &text(sql::TABLE_ID_SEQUENCE)?, &params).await?;
+        let rows = D::query(
+            D::reborrow(&mut conn),
+            &text(sql::TABLE_ID_SEQUENCE)?,
+            &params,
+        )
+        .await?;
         match rows.first() {
             Some(row) => get::<D, Option<bool>>(row, "has_sequence")? == Some(true),
             None => false,
@@ -266,10 +275,17 @@ pub(crate) async fn table_facts<D: Driver>(
     } else {
         false
     };
+    let controls = table.controls_quoted();
+    let rows = D::query(conn, &text(sql::TABLE_EXISTS)?, &(controls.as_str(),)).await?;
+    let has_controls_table = match rows.first() {
+        Some(row) => get::<D, bool>(row, "present")?,
+        None => false,
+    };
     Ok(TableFacts {
         columns,
         indexes,
         invalid_indexes,
+        has_controls_table,
         id_has_sequence,
     })
 }
@@ -296,6 +312,125 @@ fn claimed_job<D: Driver>(row: &D::Row) -> Result<ClaimedJob, PgError> {
 }
 
 /// A row of `get.sql` (the table's [`sql::COLUMNS`]) as a job record.
+/// `list_jobs.sql`: up to `filter.limit + 1` rows, newest first.
+pub(crate) async fn list_jobs<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    filter: &JobFilter,
+) -> Result<Vec<JobRecord>, PgError> {
+    let text = sql.list_jobs(&filter.statuses)?;
+    let params = (
+        queue.as_str(),
+        filter.before.map(|id| id.0),
+        i64::from(filter.limit) + 1,
+    );
+    D::query(conn, &text, &params)
+        .await?
+        .iter()
+        .map(job_record::<D>)
+        .collect()
+}
+
+/// `find_unique.sql`.
+pub(crate) async fn find_unique<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    key: &str,
+) -> Result<Option<JobRecord>, PgError> {
+    let rows = D::query(conn, &sql.find_unique, &(queue.as_str(), key)).await?;
+    rows.first().map(job_record::<D>).transpose()
+}
+
+/// `retry.sql`.
+pub(crate) async fn retry<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    id: JobId,
+    seen: JobStatus,
+) -> Result<RetryTarget, PgError> {
+    let rows = D::query(conn, &sql.retry, &(id.0, queue.as_str(), seen.as_str())).await?;
+    let Some(row) = rows.first() else {
+        return Ok(RetryTarget::NotFound);
+    };
+    let job = job_record::<D>(row)?;
+    Ok(if get::<D, bool>(row, "reopened")? {
+        RetryTarget::Retried(Box::new(job))
+    } else {
+        RetryTarget::WrongState(job.status)
+    })
+}
+
+/// `purge.sql`: one batch.
+pub(crate) async fn purge<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &PurgeRequest,
+) -> Result<u64, PgError> {
+    let statuses: Vec<&str> = request.statuses().iter().map(|s| s.as_str()).collect();
+    let params = (
+        queue.as_str(),
+        &statuses,
+        request.older_than().as_secs_f64(),
+        i64::from(request.rows_per_batch()),
+    );
+    let rows = D::query(conn, &sql.purge, &params).await?;
+    let row = rows.first().ok_or(PgError::NoRow {
+        statement: "purge.sql",
+    })?;
+    Ok(get::<D, i64>(row, "deleted")?.max(0) as u64)
+}
+
+/// `pause.sql`: pauses (`true`) or resumes the queue; returns `paused_at` after the change.
+pub(crate) async fn pause<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    paused: bool,
+) -> Result<Option<DateTime<Utc>>, PgError> {
+    let rows = D::query(conn, &sql.pause, &(queue.as_str(), paused)).await?;
+    let row = rows.first().ok_or(PgError::NoRow {
+        statement: "pause.sql",
+    })?;
+    get::<D, _>(row, "paused_at")
+}
+
+/// `queue_control.sql`.
+pub(crate) async fn control<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<Option<DateTime<Utc>>, PgError> {
+    let rows = D::query(conn, &sql.queue_control, &(queue.as_str(),)).await?;
+    match rows.first() {
+        Some(row) => get::<D, _>(row, "paused_at"),
+        None => Ok(None),
+    }
+}
+
+/// `queues.sql`.
+pub(crate) async fn queues<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+) -> Result<Vec<QueueName>, PgError> {
+    D::query(conn, &sql.queues, &())
+        .await?
+        .iter()
+        .map(|row| Ok(QueueName::new(get::<D, String>(row, "queue")?)?))
+        .collect()
+}
+
+/// A job's error history as stored (a JSON array written by `finalize.sql`).
+fn error_history(id: i64, errors: Value) -> Result<Vec<ErrorEntry>, PgError> {
+    serde_json::from_value(errors).map_err(|_| PgError::UnknownStatus {
+        id,
+        status: "an error history that is not a list of entries".to_owned(),
+    })
+}
+
 fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
     let id: i64 = get::<D, _>(row, col::ID)?;
     Ok(JobRecord {
@@ -313,6 +448,8 @@ fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
         claim_generation: ClaimGeneration(get::<D, _>(row, col::CLAIM_GENERATION)?),
         last_error: get::<D, _>(row, col::LAST_ERROR)?,
         unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,
+        claimed_by: get::<D, _>(row, col::CLAIMED_BY)?,
+        errors: error_history(id, get::<D, Value>(row, col::ERRORS)?)?,
         created_at: get::<D, _>(row, col::CREATED_AT)?,
         updated_at: get::<D, _>(row, col::UPDATED_AT)?,
         finished_at: get::<D, _>(row, col::FINISHED_AT)?,

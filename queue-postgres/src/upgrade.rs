@@ -92,7 +92,8 @@ pub struct UpgradeProgress {
 pub struct UpgradeReport {
     /// Whether the columns were added (false: they were all there).
     pub columns_added: bool,
-    /// Tries of the `ALTER` that ran into `lock_timeout` before one got the lock.
+    /// Tries (of the `ALTER` or of a backfill batch) that ran into `lock_timeout`, a shorter
+    /// `statement_timeout` or a deadlock, and were made again.
     pub lock_retries: u32,
     /// Terminal rows given a `finished_at`.
     pub rows_stamped: u64,
@@ -300,13 +301,13 @@ impl LegacyUpgrade {
         )?;
         let body: Vec<&str> = statement.lines().collect();
         Ok(format!(
-            "-- no-transaction\nDO $upgrade$\nDECLARE\n    upgrade_after bigint := 0;\n    \
-             upgrade_stamped bigint;\n    upgrade_until bigint := (SELECT max(id) FROM \"{}\");\n\
-             BEGIN\n    LOOP\n        {}\n        INTO upgrade_after, \
+            "-- no-transaction\nDO $upgrade$\nDECLARE\n    upgrade_after bigint := (SELECT min(id) - 1 \
+             FROM \"{table}\");\n    upgrade_stamped bigint;\n    upgrade_until bigint := \
+             (SELECT max(id) FROM \"{table}\");\nBEGIN\n    LOOP\n        {}\n        INTO upgrade_after, \
              upgrade_stamped;\n        EXIT WHEN upgrade_after IS NULL;\n        COMMIT;\n    \
              END LOOP;\nEND\n$upgrade$;\n",
-            self.table,
-            body.join("\n        ")
+            body.join("\n        "),
+            table = self.table,
         ))
     }
 }
@@ -355,41 +356,94 @@ impl<D: Driver> PostgresQueue<D> {
         mut progress: impl FnMut(&UpgradeProgress) + Send,
     ) -> Result<UpgradeReport, PgError> {
         let steps = upgrade.steps()?;
-        let mut report = UpgradeReport::default();
-        let mut phase_started: Option<(UpgradePhase, Instant)> = None;
-        for step in &steps {
-            if phase_started.map(|(phase, _)| phase) != Some(step.phase) {
-                if let Some((phase, at)) = phase_started {
-                    report.phase_times.push((phase, at.elapsed()));
-                }
-                phase_started = Some((step.phase, Instant::now()));
-            }
-            match step.phase {
-                UpgradePhase::Columns => add_columns::<D>(pool, upgrade, step, &mut report).await?,
-                UpgradePhase::Backfill => {
-                    backfill::<D>(pool, upgrade, step, &mut report, &mut progress).await?
-                }
-                UpgradePhase::Indexes => build_index::<D>(pool, step, &mut report).await?,
-                UpgradePhase::RetireIndexes => {
-                    let mut conn = D::acquire(pool).await?;
-                    D::batch_execute(D::pooled(&mut conn), &step.sql).await?;
-                    report.indexes_retired.push(step.name.clone());
-                }
-            }
-            if step.phase != UpgradePhase::Backfill {
-                progress(&UpgradeProgress {
-                    phase: step.phase,
-                    step: step.name.clone(),
-                    done: 1,
-                    total: Some(1),
-                });
-            }
-        }
-        if let Some((phase, at)) = phase_started {
-            report.phase_times.push((phase, at.elapsed()));
-        }
-        Ok(report)
+        let mut lock = UpgradeLock::<D>::take(pool, &upgrade.table).await?;
+        let result = run_steps::<D>(pool, upgrade, &steps, &mut progress).await;
+        lock.release().await;
+        result
     }
+}
+
+/// The upgrade's advisory lock, on a connection of its own that stays idle while it is held.
+struct UpgradeLock<D: Driver> {
+    conn: D::Pooled,
+    table: String,
+}
+
+impl<D: Driver> UpgradeLock<D> {
+    async fn take(pool: &D::Pool, table: &TableName) -> Result<Self, PgError> {
+        let mut conn = D::acquire(pool).await?;
+        let text = sql::render(sql::UPGRADE_LOCK, &[])?;
+        let rows = D::query(D::pooled(&mut conn), &text, &(table.as_str(), true)).await?;
+        let held = match rows.first() {
+            Some(row) => D::get::<bool>(row, "held")?,
+            None => false,
+        };
+        if !held {
+            return Err(PgError::UpgradeInProgress {
+                table: table.to_string(),
+            });
+        }
+        Ok(UpgradeLock {
+            conn,
+            table: table.as_str().to_owned(),
+        })
+    }
+
+    /// Releases the lock; a connection that failed meanwhile has released it already.
+    async fn release(&mut self) {
+        if let Ok(text) = sql::render(sql::UPGRADE_LOCK, &[]) {
+            let _ = D::query(
+                D::pooled(&mut self.conn),
+                &text,
+                &(self.table.as_str(), false),
+            )
+            .await;
+        }
+    }
+}
+
+async fn run_steps<D: Driver>(
+    pool: &D::Pool,
+    upgrade: &LegacyUpgrade,
+    steps: &[UpgradeStep],
+    progress: &mut (impl FnMut(&UpgradeProgress) + Send),
+) -> Result<UpgradeReport, PgError> {
+    let mut report = UpgradeReport::default();
+    let mut phase_started: Option<(UpgradePhase, Instant)> = None;
+    for step in steps {
+        if phase_started.map(|(phase, _)| phase) != Some(step.phase) {
+            if let Some((phase, at)) = phase_started {
+                report.phase_times.push((phase, at.elapsed()));
+            }
+            phase_started = Some((step.phase, Instant::now()));
+        }
+        match step.phase {
+            UpgradePhase::Columns => add_columns::<D>(pool, upgrade, step, &mut report).await?,
+            UpgradePhase::Backfill => {
+                backfill::<D>(pool, upgrade, step, &mut report, progress).await?
+            }
+            UpgradePhase::Indexes => {
+                build_index::<D>(pool, &upgrade.table, step, &mut report).await?
+            }
+            UpgradePhase::RetireIndexes => {
+                let mut conn = D::acquire(pool).await?;
+                D::batch_execute(D::pooled(&mut conn), &step.sql).await?;
+                report.indexes_retired.push(step.name.clone());
+            }
+        }
+        if step.phase != UpgradePhase::Backfill {
+            progress(&UpgradeProgress {
+                phase: step.phase,
+                step: step.name.clone(),
+                done: 1,
+                total: Some(1),
+            });
+        }
+    }
+    if let Some((phase, at)) = phase_started {
+        report.phase_times.push((phase, at.elapsed()));
+    }
+    Ok(report)
 }
 
 async fn add_columns<D: Driver>(
@@ -398,23 +452,67 @@ async fn add_columns<D: Driver>(
     step: &UpgradeStep,
     report: &mut UpgradeReport,
 ) -> Result<(), PgError> {
-    // Skipped when every column is there: even a no-op ALTER takes ACCESS EXCLUSIVE.
     let facts = {
         let mut conn = D::acquire(pool).await?;
         statement::table_facts::<D>(D::pooled(&mut conn), &upgrade.table).await?
     };
-    if facts.columns.is_empty() {
-        return Err(PgError::Schema {
-            table: upgrade.table.to_string(),
-            missing: vec!["the table itself (not found on the search_path)".to_owned()],
-        });
-    }
+    preflight(&upgrade.table, &facts)?;
+    // Skipped when every column is there: even a no-op ALTER takes ACCESS EXCLUSIVE.
     let missing = sql::COLUMNS
         .iter()
         .any(|(name, _)| !facts.columns.iter().any(|(have, _)| have == name));
-    if !missing {
+    if !missing && facts.has_controls_table {
         return Ok(());
     }
+    with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
+    report.columns_added = true;
+    Ok(())
+}
+
+/// Refuses, before anything changes, a table the upgrade cannot bring to the lease schema: no
+/// such table, an `id` that is not a `bigint` drawn from a sequence, or a column of the lease
+/// schema already there with another type. Each needs the adopter's own migration first.
+fn preflight(table: &TableName, facts: &crate::schema::TableFacts) -> Result<(), PgError> {
+    if facts.columns.is_empty() {
+        return Err(PgError::Schema {
+            table: table.to_string(),
+            missing: vec!["the table itself (not found on the search_path)".to_owned()],
+        });
+    }
+    let mut wrong = Vec::new();
+    for (name, ty) in sql::COLUMNS {
+        match facts.columns.iter().find(|(have, _)| have == name) {
+            Some((_, actual)) if actual != ty => {
+                wrong.push(format!("column {name} must be {ty}, found {actual}"))
+            }
+            None if name == sql::col::ID => wrong.push("a bigint id column".to_owned()),
+            _ => {}
+        }
+    }
+    if !facts.id_has_sequence {
+        wrong.push("a sequence or identity default on id".to_owned());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(PgError::Schema {
+            table: table.to_string(),
+            missing: wrong,
+        })
+    }
+}
+
+/// Runs `statement` (with the backfill's `params`, or none: DDL) in a transaction of its own
+/// under `SET LOCAL lock_timeout`, trying again with backoff when it could not get its locks in
+/// time (or was cancelled by a shorter `statement_timeout`, or chosen as a deadlock's victim):
+/// every try that fails rolls back. Returns the statement's rows.
+async fn with_lock_retries<D: Driver>(
+    pool: &D::Pool,
+    upgrade: &LegacyUpgrade,
+    report: &mut UpgradeReport,
+    statement: &str,
+    params: Option<(i64, i64, i64)>,
+) -> Result<Vec<D::Row>, PgError> {
     let set_timeout = format!(
         "SET LOCAL lock_timeout = '{}ms'",
         upgrade.lock_timeout.as_millis()
@@ -422,13 +520,22 @@ async fn add_columns<D: Driver>(
     for try_number in 0..upgrade.lock_attempts {
         let mut tx = D::begin(pool).await?;
         D::batch_execute(D::in_tx(&mut tx), &set_timeout).await?;
-        match D::batch_execute(D::in_tx(&mut tx), &step.sql).await {
-            Ok(()) => {
+        let result = match &params {
+            Some(params) => D::query(D::in_tx(&mut tx), statement, params).await,
+            None => D::batch_execute(D::in_tx(&mut tx), statement)
+                .await
+                .map(|()| Vec::new()),
+        };
+        match result {
+            Ok(rows) => {
                 D::commit(tx).await?;
-                report.columns_added = true;
-                return Ok(());
+                return Ok(rows);
             }
-            Err(err) if err.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+            Err(err)
+                if err
+                    .sqlstate()
+                    .is_some_and(|code| RETRY_CODES.contains(&code.as_str())) =>
+            {
                 D::rollback(tx).await?;
                 report.lock_retries += 1;
                 if try_number + 1 < upgrade.lock_attempts {
@@ -445,8 +552,9 @@ async fn add_columns<D: Driver>(
     })
 }
 
-/// SQLSTATE `lock_not_available`: `lock_timeout` ran out.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// The SQLSTATEs after which a try is made again: `lock_not_available` (`lock_timeout` ran out),
+/// `query_canceled` (a `statement_timeout` shorter than it), `deadlock_detected`.
+const RETRY_CODES: [&str; 3] = ["55P03", "57014", "40P01"];
 
 async fn backfill<D: Driver>(
     pool: &D::Pool,
@@ -455,53 +563,79 @@ async fn backfill<D: Driver>(
     report: &mut UpgradeReport,
     progress: &mut (impl FnMut(&UpgradeProgress) + Send),
 ) -> Result<(), PgError> {
-    let mut conn = D::acquire(pool).await?;
-    let extent = sql::for_table(sql::UPGRADE_LEGACY_EXTENT, &upgrade.table)?;
-    let rows = D::query(D::pooled(&mut conn), &extent, &()).await?;
-    let max_id: Option<i64> = match rows.first() {
-        Some(row) => D::get(row, "max_id")?,
-        None => None,
+    let (min_id, max_id) = {
+        let mut conn = D::acquire(pool).await?;
+        let extent = sql::for_table(sql::UPGRADE_LEGACY_EXTENT, &upgrade.table)?;
+        let rows = D::query(D::pooled(&mut conn), &extent, &()).await?;
+        match rows.first() {
+            Some(row) => (
+                D::get::<Option<i64>>(row, "min_id")?,
+                D::get::<Option<i64>>(row, "max_id")?,
+            ),
+            None => (None, None),
+        }
     };
-    let total = max_id.map(|id| id.max(0) as u64);
-    let until = max_id.unwrap_or(0);
+    let (Some(min_id), Some(until)) = (min_id, max_id) else {
+        return Ok(()); // an empty table
+    };
+    let span = until.abs_diff(min_id).saturating_add(1);
     let limit = i64::from(upgrade.batch_size);
-    let mut after: i64 = 0;
+    // Below the lowest id, so that ids of zero and below are reached too.
+    let mut after = min_id.saturating_sub(1);
     while after < until {
-        let rows = D::query(D::pooled(&mut conn), &step.sql, &(after, limit, until)).await?;
+        let params = Some((after, limit, until));
+        let rows = with_lock_retries::<D>(pool, upgrade, report, &step.sql, params).await?;
         let row = rows.first().ok_or(PgError::NoRow {
             statement: sql::UPGRADE_LEGACY_BACKFILL.name,
         })?;
-        let last: Option<i64> = D::get(row, "last_id")?;
         let stamped: i64 = D::get(row, "stamped")?;
         report.rows_stamped += stamped.max(0) as u64;
-        let Some(last) = last else { break };
+        let Some(last) = D::get::<Option<i64>>(row, "last_id")? else {
+            break;
+        };
         after = last;
         progress(&UpgradeProgress {
             phase: UpgradePhase::Backfill,
             step: step.name.clone(),
-            done: after.max(0) as u64,
-            total,
+            done: after.abs_diff(min_id).saturating_add(1).min(span),
+            total: Some(span),
         });
     }
     progress(&UpgradeProgress {
         phase: UpgradePhase::Backfill,
         step: step.name.clone(),
-        done: total.unwrap_or(0),
-        total,
+        done: span,
+        total: Some(span),
     });
     Ok(())
 }
 
 async fn build_index<D: Driver>(
     pool: &D::Pool,
+    table: &TableName,
     step: &UpgradeStep,
     report: &mut UpgradeReport,
 ) -> Result<(), PgError> {
     let mut conn = D::acquire(pool).await?;
     let quoted = format!("\"{}\"", step.name);
     let state = sql::render(sql::INDEX_STATE, &[])?;
-    let rows = D::query(D::pooled(&mut conn), &state, &(quoted.as_str(),)).await?;
+    let table_quoted = table.quoted();
+    let rows = D::query(
+        D::pooled(&mut conn),
+        &state,
+        &(quoted.as_str(), table_quoted.as_str()),
+    )
+    .await?;
     let valid: Option<bool> = match rows.first() {
+        Some(row) if !D::get::<bool>(row, "on_table")? => {
+            return Err(PgError::Schema {
+                table: table.to_string(),
+                missing: vec![format!(
+                    "index {} belongs to another table: rename or drop it first",
+                    step.name
+                )],
+            });
+        }
         Some(row) => Some(D::get(row, "valid")?),
         None => None,
     };
@@ -594,7 +728,7 @@ mod tests {
         let backfill = &files[1].sql;
         assert!(
             backfill.contains(
-                "WHERE id > upgrade_after AND id <= upgrade_until ORDER BY id LIMIT 10000"
+                "WHERE id > upgrade_after::bigint AND id <= upgrade_until::bigint ORDER BY id LIMIT 10000"
             )
         );
         assert!(backfill.contains("COMMIT;"));

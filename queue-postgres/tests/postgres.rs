@@ -266,6 +266,7 @@ async fn explain_claim(db: &TestDb) -> Value {
         .bind(1_i64)
         .bind(90.0_f64)
         .bind(5_i32)
+        .bind("explain")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -842,11 +843,11 @@ async fn a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_o
     // Past the stale expiry, 10 s after the old binary's last renewal.
     shift(10).await;
     assert!(
-        queue.claim(short).await.unwrap().jobs.is_empty(),
+        queue.claim(short.clone()).await.unwrap().jobs.is_empty(),
         "a live claim of the older binary was taken over"
     );
     shift(21).await;
-    let taken = queue.claim(short).await.unwrap().jobs.remove(0);
+    let taken = queue.claim(short.clone()).await.unwrap().jobs.remove(0);
     assert_eq!((taken.id, taken.generation), (id, ClaimGeneration(3)));
     db.drop_db().await;
 }

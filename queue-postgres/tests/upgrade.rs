@@ -20,6 +20,7 @@ per_driver!(
     the_upgraded_table_has_the_schema_of_a_table_created_new,
     an_alter_that_cannot_get_its_lock_gives_up_and_changes_nothing,
     an_index_left_invalid_by_a_failed_build_is_refused_then_rebuilt,
+    the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish,
 );
 
 /// An adopter's own queue table before the lease, in the pre-lease pattern ADR 0001 describes:
@@ -100,7 +101,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
         );
     }
 
-    let pool = support::pool::<D>(&db, 1);
+    let pool = support::pool::<D>(&db, 2);
     let mut seen = Vec::new();
     let report =
         PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |p| seen.push(p.phase))
@@ -108,7 +109,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
             .unwrap();
     assert!(report.columns_added);
     assert_eq!(report.rows_stamped, 1, "the completed row gets finished_at");
-    assert_eq!(report.indexes_built.len(), 5, "{report:?}");
+    assert_eq!(report.indexes_built.len(), 6, "{report:?}");
     assert_eq!(report.indexes_retired, ["invoice_jobs_stuck"]);
     seen.dedup();
     assert_eq!(
@@ -186,7 +187,7 @@ async fn shape(pool: &PgPool, table: &str) -> (Vec<(String, String, bool)>, Vec<
 
 async fn the_upgraded_table_has_the_schema_of_a_table_created_new<D: TestDriver>() {
     let db = legacy_db("").await;
-    let pool = support::pool::<D>(&db, 1);
+    let pool = support::pool::<D>(&db, 2);
     PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
         .await
         .unwrap();
@@ -464,7 +465,7 @@ async fn a_million_row_upgrade_keeps_the_legacy_release_reading_and_writing() {
         stop.clone(),
     ));
 
-    let pool = support::pool::<queue_postgres::Sqlx>(&db, 1);
+    let pool = support::pool::<queue_postgres::Sqlx>(&db, 2);
     let mut backfill_reports = 0u32;
     let started = Instant::now();
     let report = PostgresQueue::<queue_postgres::Sqlx>::upgrade_legacy_table(
@@ -551,5 +552,82 @@ async fn a_million_row_upgrade_keeps_the_legacy_release_reading_and_writing() {
     PostgresQueue::<queue_postgres::Sqlx>::check_schema(&pool, &table())
         .await
         .unwrap();
+    db.drop_db().await;
+}
+
+/// Ids of zero and below are backfilled too; a table the upgrade cannot finish (an `integer`
+/// id, a lease column of another type) is refused before anything changes; a second upgrade of
+/// the same table while one runs is refused.
+async fn the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish<D: TestDriver>() {
+    let db = legacy_db(
+        "INSERT INTO invoice_jobs (id, invoice_id, status) VALUES
+            (-5, 1, 'completed'), (0, 2, 'failed'), (9, 3, 'completed');",
+    )
+    .await;
+    let pool = support::pool::<D>(&db, 2);
+
+    // Another runner holds the table's upgrade lock: refused, nothing done.
+    let mut other = db.pool.acquire().await.unwrap();
+    let held: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_lock(hashtext('queue_framework.upgrade'), hashtext('invoice_jobs'))",
+    )
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    assert!(held);
+    let err = PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PgError::UpgradeInProgress { .. }), "{err}");
+    // The other runner finishes and lets go of its lock.
+    let released: bool = sqlx::query_scalar(
+        "SELECT pg_advisory_unlock(hashtext('queue_framework.upgrade'), hashtext('invoice_jobs'))",
+    )
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    assert!(released);
+    drop(other);
+
+    let report = PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        report.rows_stamped, 3,
+        "every terminal row, whatever its id"
+    );
+
+    // An integer id, or a lease column already there with another type: refused up front.
+    sqlx::raw_sql(
+        "CREATE TABLE small_jobs (id serial PRIMARY KEY, status text NOT NULL, attempts integer,
+                                  next_attempt_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE odd_jobs (id bigserial PRIMARY KEY, status text NOT NULL, attempts integer,
+                                next_attempt_at timestamptz NOT NULL DEFAULT now(),
+                                claimed_at text);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for (name, named) in [
+        ("small_jobs", "column id must be bigint, found integer"),
+        (
+            "odd_jobs",
+            "column claimed_at must be timestamp with time zone, found text",
+        ),
+    ] {
+        let upgrade = LegacyUpgrade::new(TableName::new(name).unwrap(), queue_name());
+        let err = PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade, |_| {})
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(named), "{name}: {err}");
+        let columns: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0",
+        )
+        .bind(name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(columns <= 5, "{name} was changed before the refusal");
+    }
     db.drop_db().await;
 }

@@ -91,10 +91,10 @@ async fn a_worker_that_lost_its_lease_cannot_finalize() -> Result<(), BoxError> 
     let queue = MemoryBackend::new();
     queue.enqueue(receipt(9, "ada@example.com")?).await?;
     let request = ClaimRequest::new(1, Lease::DEFAULT);
-    let old = queue.claim(request).await?.jobs.remove(0);
+    let old = queue.claim(request.clone()).await?.jobs.remove(0);
     // The backend's clock moves; the lease (90 s) expires; another worker takes the job over.
     queue.advance_clock(Duration::from_secs(91));
-    let new = queue.claim(request).await?.jobs.remove(0);
+    let new = queue.claim(request.clone()).await?.jobs.remove(0);
     assert_eq!(new.generation.0, old.generation.0 + 1);
     let stale = queue.finalize(old.claim(), &Finalize::Complete).await?;
     assert_eq!(stale, FinalizeOutcome::Stale);
@@ -116,6 +116,9 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
     let committed = [
         include_str!("../migrations/20260301000002_receipt_jobs.sql"),
         include_str!("../migrations/20260301000003_receipt_jobs_lease_and_cancel_request.sql"),
+        include_str!(
+            "../migrations/20260301000004_receipt_jobs_holder_errors_and_queue_controls.sql"
+        ),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();
@@ -156,9 +159,9 @@ async fn an_order_and_its_receipt_commit_together_on_postgres() -> Result<(), Bo
     // Expire a lease without sleeping: move the table's timestamps back.
     crate::orders::place_order_own_insert(&db.pool, &queue, "bob@example.com").await?;
     let request = ClaimRequest::new(1, Lease::DEFAULT);
-    let old = queue.claim(request).await?.jobs.remove(0);
+    let old = queue.claim(request.clone()).await?.jobs.remove(0);
     age_rows(&db.pool, &table, Duration::from_secs(91)).await;
-    let new = queue.claim(request).await?.jobs.remove(0);
+    let new = queue.claim(request.clone()).await?.jobs.remove(0);
     let mut conn = db.pool.acquire().await?;
     let items = [
         (old.claim(), Finalize::Complete),

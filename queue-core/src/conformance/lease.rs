@@ -233,7 +233,7 @@ cases! {
         let id = enqueue(b, 1).await;
         let capped = req(5).max_reclaims(2);
         for round in 0..3 {
-            let job = b.claim(capped).await.unwrap().jobs.remove(0);
+            let job = b.claim(capped.clone()).await.unwrap().jobs.remove(0);
             assert_eq!(
                 (job.id, job.reclaims, job.taken_over),
                 (id, round, round > 0)
@@ -242,7 +242,7 @@ cases! {
             h.advance_clock(lease().duration() + Duration::from_secs(1))
                 .await;
         }
-        let job = b.claim(capped).await.unwrap().jobs.remove(0);
+        let job = b.claim(capped.clone()).await.unwrap().jobs.remove(0);
         assert!(
             job.taken_over && job.over_reclaim_cap,
             "past the cap the claim must flag the job"
@@ -261,7 +261,7 @@ cases! {
         assert!(rec.finished_at.is_some());
         h.advance_clock(lease().duration() * 2).await;
         assert!(
-            b.claim(capped).await.unwrap().jobs.is_empty(),
+            b.claim(capped.clone()).await.unwrap().jobs.is_empty(),
             "a dead job came back"
         );
     }
@@ -274,18 +274,18 @@ cases! {
         let id = enqueue(b, 1).await;
         let long = ClaimRequest::new(1, Lease::from_secs(600).unwrap());
         let short = ClaimRequest::new(1, Lease::from_secs(1).unwrap());
-        let held = b.claim(long).await.unwrap().jobs.remove(0);
+        let held = b.claim(long.clone()).await.unwrap().jobs.remove(0);
         h.advance_clock(Duration::from_secs(5)).await;
         assert!(
-            b.claim(short).await.unwrap().jobs.is_empty(),
+            b.claim(short.clone()).await.unwrap().jobs.is_empty(),
             "a claimer with a 1 s lease took a job held under 600 s"
         );
         h.advance_clock(Duration::from_secs(596)).await;
-        let taken = b.claim(short).await.unwrap().jobs.remove(0);
+        let taken = b.claim(short.clone()).await.unwrap().jobs.remove(0);
         assert_eq!((taken.id, taken.generation.0), (id, held.generation.0 + 1));
         // Held under 1 s now: a claimer with a long lease takes it over once that second passed.
         h.advance_clock(Duration::from_secs(2)).await;
-        let again = b.claim(long).await.unwrap().jobs.remove(0);
+        let again = b.claim(long.clone()).await.unwrap().jobs.remove(0);
         assert_eq!((again.id, again.generation.0), (id, taken.generation.0 + 1));
     }
 }

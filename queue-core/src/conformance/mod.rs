@@ -12,7 +12,8 @@
 //! (leases expire by moving time, never by sleeping). Changing the queue's semantics means
 //! extending this suite, not adding a backend-only test.
 //!
-//! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`]); each is
+//! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`],
+//! [`admin`]); each is
 //! declared once, inside its topic's `cases!` block, which both defines it and registers it
 //! with [`conformance_suite!`](crate::conformance_suite).
 
@@ -56,12 +57,14 @@ macro_rules! cases {
     };
 }
 
+pub mod admin;
 pub mod enqueue;
 pub mod fence;
 pub mod hooks;
 pub mod lease;
 pub mod worker;
 
+pub use admin::*;
 pub use enqueue::*;
 pub use fence::*;
 pub use hooks::*;
@@ -77,13 +80,14 @@ macro_rules! conformance_suite {
         $crate::__conformance_enqueue!($harness);
         $crate::__conformance_hooks!($harness);
         $crate::__conformance_worker!($harness);
+        $crate::__conformance_admin!($harness);
     };
 }
 
 /// What a backend's test crate provides to run the suite.
 pub trait Harness: Send + Sync + Sized + 'static {
-    /// The backend under test.
-    type Backend: Backend;
+    /// The backend under test, with its admin API.
+    type Backend: crate::admin::Admin;
 
     /// A fresh, empty queue (a scratch database, a new store): cases never share state.
     fn setup() -> impl Future<Output = Self> + Send;

@@ -47,6 +47,25 @@ pub struct WorkerConfig {
     /// Write outcomes of jobs without hooks in batches (default true): many fenced writes per
     /// statement instead of one statement per job.
     pub batch_finalize: bool,
+    /// The worker's name, stored with each claim (`claimed_by`) and with each error it reports
+    /// in a job's history, so an operator can tell which process holds or failed a job
+    /// (default `<host>:<pid>`; cut to [`crate::limits::MAX_HOLDER_BYTES`]).
+    pub name: String,
+}
+
+/// The default [`WorkerConfig::name`]: the host's name and the process id.
+pub fn default_worker_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 impl Default for WorkerConfig {
@@ -63,6 +82,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(5),
             batch_finalize: true,
+            name: default_worker_name(),
         }
     }
 }

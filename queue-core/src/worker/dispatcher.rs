@@ -149,7 +149,9 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             return;
         }
         let want = capacity.min(config.max_batch as usize) as u32;
-        let request = ClaimRequest::new(want, config.lease).max_reclaims(config.max_reclaims);
+        let request = ClaimRequest::new(want, config.lease)
+            .max_reclaims(config.max_reclaims)
+            .holder(config.name.as_str());
         let backend = self.shared.backend.clone();
         self.poll_due = false;
         self.claiming = Some(Box::pin(async move {

@@ -1,0 +1,25 @@
+-- The holder, the error history and the queue controls of the admin API.
+--
+-- claimed_by is who holds (or last held) a job: the claimer's name, stamped by every claim.
+-- errors is the job's last errors (queue_core::limits::ERROR_HISTORY_LEN of them), oldest first,
+-- each {attempt, generation, at, worker, outcome, error}: finalize.sql appends one for every
+-- fail, retry, cancel and dead outcome it applies. Both come with constant defaults, so adding
+-- them rewrites no row.
+--
+-- "receipt_jobs_queues" holds one row per queue an operator paused: while paused_at is set, no
+-- claim takes a job of that queue. The failed index serves the operator's listing of failed,
+-- dead and cancelled jobs, newest first: it holds those rows only, so workers never write to it
+-- on the hot path.
+
+ALTER TABLE "receipt_jobs"
+    ADD COLUMN IF NOT EXISTS claimed_by text,
+    ADD COLUMN IF NOT EXISTS errors     jsonb NOT NULL DEFAULT '[]';
+
+CREATE TABLE IF NOT EXISTS "receipt_jobs_queues" (
+    queue      text        PRIMARY KEY,
+    paused_at  timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX IF NOT EXISTS "receipt_jobs_failed_idx"
+    ON "receipt_jobs" (queue, status, id) WHERE status IN ('failed', 'dead', 'cancelled');

@@ -1,0 +1,379 @@
+//! Operating a queue: listing and finding jobs, retrying, cancelling and purging them, pausing,
+//! resuming and draining the queue. Every backend implements [`Admin`], and the conformance
+//! suite holds each to the same semantics.
+//!
+//! The changes that end or reopen a job go through the adopter's finalize hooks, so that domain
+//! state follows the job: [`retry_with_hooks`] runs [`FinalizeHook::after_reopened`], and
+//! [`cancel_with_hooks`](crate::cancel_with_hooks) runs [`FinalizeHook::after_applied`] with a
+//! cancel. A hook may refuse (an exchange transaction that is not failed cannot be reopened): its
+//! error rolls the change back.
+//!
+//! ```
+//! use queue_core::{Admin, Backend, ClaimRequest, Finalize, Hooks, JobFilter, JobStatus, Lease,
+//!                  MemoryBackend, MemoryTx, NewJob, RetryTarget, retry_with_hooks};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> queue_core::Result<()> {
+//! let queue = MemoryBackend::new();
+//! let id = queue.enqueue(NewJob::new(&"card 42")?).await?.id;
+//! let job = queue.claim(ClaimRequest::new(1, Lease::DEFAULT)).await?.jobs.remove(0);
+//! queue.finalize(job.claim(), &Finalize::Dead { reason: "poison".into() }).await?;
+//!
+//! // An operator lists the dead jobs and retries one: back to pending, attempts reset.
+//! let dead = queue.list_jobs(&JobFilter::new().status(JobStatus::Dead)).await?;
+//! assert_eq!(dead.jobs[0].id, id);
+//! let hooks: Hooks<MemoryTx, String> = Hooks::new();
+//! let retried = retry_with_hooks(&queue, &hooks, id, JobStatus::Dead).await?;
+//! assert!(matches!(retried, RetryTarget::Retried(ref job) if job.attempts == 0));
+//! assert_eq!(queue.get(id).await?.unwrap().status, JobStatus::Pending);
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+
+use crate::backend::{Backend, BackendTx};
+use crate::error::{InvalidInput, Result};
+use crate::events;
+use crate::hooks::{Hooks, Payload, ReopenEvent};
+use crate::types::{JobId, JobRecord, JobStatus, QueueName};
+
+/// The most jobs one page of [`Admin::list_jobs`] returns.
+pub const MAX_PAGE: u32 = 1_000;
+
+/// What [`Admin::list_jobs`] lists: jobs of the handle's queue in the given statuses (all when
+/// none is given), newest first (by id), after a cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Statuses to list; empty lists every status.
+    pub statuses: Vec<JobStatus>,
+    /// Only jobs with an id below this one: the [`JobPage::next`] of the previous page.
+    pub before: Option<JobId>,
+    /// At most this many jobs (1 to [`MAX_PAGE`]; default 50).
+    pub limit: u32,
+}
+
+impl JobFilter {
+    /// Every job, newest first, 50 per page.
+    pub fn new() -> Self {
+        JobFilter {
+            statuses: Vec::new(),
+            before: None,
+            limit: 50,
+        }
+    }
+
+    /// Adds a status to list.
+    pub fn status(mut self, status: JobStatus) -> Self {
+        if !self.statuses.contains(&status) {
+            self.statuses.push(status);
+        }
+        self
+    }
+
+    /// Starts after `cursor` (the previous page's [`JobPage::next`]).
+    pub fn before(mut self, cursor: JobId) -> Self {
+        self.before = Some(cursor);
+        self
+    }
+
+    /// At most `limit` jobs, kept between 1 and [`MAX_PAGE`].
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit.clamp(1, MAX_PAGE);
+        self
+    }
+
+    /// Whether `job` passes the filter (for backends that filter in memory).
+    pub fn matches(&self, job: &JobRecord) -> bool {
+        (self.statuses.is_empty() || self.statuses.contains(&job.status))
+            && self.before.is_none_or(|before| job.id < before)
+    }
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        JobFilter::new()
+    }
+}
+
+/// One page of jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPage {
+    /// The jobs, newest first.
+    pub jobs: Vec<JobRecord>,
+    /// The cursor of the next page ([`JobFilter::before`]); `None` when this page is the last.
+    pub next: Option<JobId>,
+}
+
+impl JobPage {
+    /// The page of `jobs` (newest first, at most `limit + 1` of them: one more than asked
+    /// says there is a next page).
+    pub fn from_rows(mut jobs: Vec<JobRecord>, limit: u32) -> Self {
+        let more = jobs.len() > limit as usize;
+        jobs.truncate(limit as usize);
+        let next = if more {
+            jobs.last().map(|j| j.id)
+        } else {
+            None
+        };
+        JobPage { jobs, next }
+    }
+}
+
+/// What [`Admin::retry_in`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryTarget {
+    /// The job is `pending` again (attempts and reclaims reset, due now), as returned.
+    Retried(Box<JobRecord>),
+    /// No job of this queue has the id.
+    NotFound,
+    /// The job was not in the status the operator saw: it is in this one, and nothing changed.
+    WrongState(JobStatus),
+}
+
+/// Whether a queue is paused ([`Admin::pause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueControl {
+    /// Since when the queue is paused, by the store's clock; `None` when it runs.
+    pub paused_at: Option<DateTime<Utc>>,
+}
+
+impl QueueControl {
+    /// True when workers do not claim from the queue.
+    pub fn is_paused(&self) -> bool {
+        self.paused_at.is_some()
+    }
+}
+
+/// What [`Admin::purge_batch`] deletes: terminal jobs of the queue, in the given statuses,
+/// finished longer ago than `older_than`, at most `batch_size` per call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeRequest {
+    statuses: Vec<JobStatus>,
+    older_than: Duration,
+    batch_size: u32,
+}
+
+impl PurgeRequest {
+    /// The most rows one purge statement deletes.
+    pub const MAX_BATCH: u32 = 10_000;
+
+    /// Terminal jobs in `statuses` finished more than `older_than` ago, 1 000 per batch.
+    /// Refused for an empty list or a live status (`pending`, `in_flight`: only the holder or
+    /// a cancel may end those).
+    pub fn new(statuses: &[JobStatus], older_than: Duration) -> Result<Self> {
+        if statuses.is_empty() {
+            return Err(InvalidInput::NotPurgeable { status: None }.into());
+        }
+        if let Some(live) = statuses.iter().find(|s| !s.is_terminal()) {
+            return Err(InvalidInput::NotPurgeable {
+                status: Some(*live),
+            }
+            .into());
+        }
+        if older_than > crate::limits::MAX_DELAY * 100 {
+            return Err(InvalidInput::DelayTooLong(older_than).into());
+        }
+        let mut unique = statuses.to_vec();
+        unique.sort_by_key(|s| s.as_str());
+        unique.dedup();
+        Ok(PurgeRequest {
+            statuses: unique,
+            older_than,
+            batch_size: 1_000,
+        })
+    }
+
+    /// Rows per statement, kept between 1 and [`PurgeRequest::MAX_BATCH`].
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows.clamp(1, Self::MAX_BATCH);
+        self
+    }
+
+    /// The statuses purged.
+    pub fn statuses(&self) -> &[JobStatus] {
+        &self.statuses
+    }
+
+    /// The age past which a terminal job is purged.
+    pub fn older_than(&self) -> Duration {
+        self.older_than
+    }
+
+    /// Rows per statement.
+    pub fn rows_per_batch(&self) -> u32 {
+        self.batch_size
+    }
+}
+
+/// The statuses an operator may retry: `dead`, `failed` and `cancelled`.
+pub const RETRYABLE: [JobStatus; 3] = [JobStatus::Dead, JobStatus::Failed, JobStatus::Cancelled];
+
+/// Listing and steering a queue: what an operator needs besides [`Backend`]. Every backend
+/// implements it; the conformance suite (`admin` cases) is its executable specification.
+pub trait Admin: Backend {
+    /// One page of this queue's jobs (see [`JobFilter`]): keyset-paginated on the id, never an
+    /// offset, so a page costs the same however deep it is.
+    fn list_jobs(&self, filter: &JobFilter) -> impl Future<Output = Result<JobPage>> + Send;
+
+    /// The job of this queue holding the unique key `key`, if one does.
+    fn find_by_unique_key(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
+
+    /// Reopens a job the operator saw in status `seen` (one of [`RETRYABLE`]), inside `tx`:
+    /// back to `pending`, due now, `attempts` and `reclaims` reset, its lease and cancel
+    /// request cleared; its generation keeps counting (a fence token is never reused) and its
+    /// error history stays. Guarded on `seen`: a job that moved on meanwhile is left alone
+    /// ([`RetryTarget::WrongState`]). [`retry_with_hooks`] runs the hooks.
+    fn retry_in(
+        &self,
+        tx: &mut Self::Tx,
+        id: JobId,
+        seen: JobStatus,
+    ) -> impl Future<Output = Result<RetryTarget>> + Send;
+
+    /// Deletes at most one batch of the jobs `request` names; returns how many it deleted.
+    /// [`purge`] repeats it until none is left.
+    fn purge_batch(&self, request: &PurgeRequest) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Pauses the queue: no worker of any process claims from it (each sees it at its next
+    /// claim), running jobs go on and finish. Stored, so it outlives restarts. Pausing a paused
+    /// queue keeps its first `paused_at`.
+    fn pause(&self) -> impl Future<Output = Result<QueueControl>> + Send;
+
+    /// Resumes a paused queue, and wakes its idle workers where the backend can.
+    fn resume(&self) -> impl Future<Output = Result<QueueControl>> + Send;
+
+    /// Whether the queue is paused.
+    fn control(&self) -> impl Future<Output = Result<QueueControl>> + Send;
+
+    /// The queues of this handle's store (a PostgreSQL table, a memory store) that hold jobs
+    /// or a pause, sorted by name.
+    fn queues(&self) -> impl Future<Output = Result<Vec<QueueName>>> + Send;
+}
+
+/// Reopens a job the operator saw in status `seen` ([`Admin::retry_in`]) and runs the hooks'
+/// [`FinalizeHook::after_reopened`](crate::FinalizeHook::after_reopened) in the same
+/// transaction; a hook error rolls the retry back. `seen` outside [`RETRYABLE`] is refused
+/// before anything is read.
+pub async fn retry_with_hooks<B, P>(
+    backend: &B,
+    hooks: &Hooks<B::Tx, P>,
+    id: JobId,
+    seen: JobStatus,
+) -> Result<RetryTarget>
+where
+    B: Admin,
+    P: DeserializeOwned + Sync,
+{
+    if !RETRYABLE.contains(&seen) {
+        return Err(InvalidInput::NotRetryable { status: seen }.into());
+    }
+    let mut tx = backend.begin().await?;
+    let target = backend.retry_in(&mut tx, id, seen).await?;
+    if let RetryTarget::Retried(job) = &target
+        && !hooks.is_empty()
+    {
+        let parsed = P::deserialize(&job.payload).ok();
+        let event = ReopenEvent {
+            job,
+            previous: seen,
+            payload: parsed.as_ref().map_or(Payload::Malformed, Payload::Parsed),
+        };
+        if let Err(err) = hooks.run_reopened(&mut tx, &event).await {
+            let _ = tx.rollback().await;
+            return Err(err);
+        }
+    }
+    tx.commit().await?;
+    if matches!(target, RetryTarget::Retried(_)) {
+        events::retried_by_operator(backend.queue(), id, seen);
+    }
+    Ok(target)
+}
+
+/// Purges every job `request` names, one bounded batch per statement, calling `progress` with
+/// the running total after each; returns the total. Stops early, between batches, when
+/// `keep_going` returns false (an operator's Ctrl-C), with what was deleted so far.
+pub async fn purge<B: Admin>(
+    backend: &B,
+    request: &PurgeRequest,
+    mut progress: impl FnMut(u64) + Send,
+    mut keep_going: impl FnMut() -> bool + Send,
+) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let deleted = backend.purge_batch(request).await?;
+        total += deleted;
+        progress(total);
+        if deleted < u64::from(request.rows_per_batch()) || !keep_going() {
+            return Ok(total);
+        }
+    }
+}
+
+/// What [`drain`] saw when it returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Jobs still running under a live lease (0 when the drain finished).
+    pub running: u64,
+    /// Jobs in flight whose lease had already passed: their worker is gone, and they will be
+    /// taken over when the queue resumes.
+    pub stranded: u64,
+    /// Whether every running job finished before the deadline.
+    pub drained: bool,
+}
+
+/// Pauses the queue and waits until no job of it runs under a live lease, or until `timeout`;
+/// checks every `poll` (jobs whose lease passed do not count: nobody runs them). The queue
+/// stays paused: [`Admin::resume`] it when the work is done.
+pub async fn drain<B: Admin>(
+    backend: &B,
+    timeout: Duration,
+    poll: Duration,
+) -> Result<DrainReport> {
+    backend.pause().await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let stats = backend.stats(Duration::ZERO).await?;
+        let running = stats.in_flight.saturating_sub(stats.lease_expired);
+        let report = DrainReport {
+            running,
+            stranded: stats.lease_expired,
+            drained: running == 0,
+        };
+        if report.drained || tokio::time::Instant::now() >= deadline {
+            return Ok(report);
+        }
+        tokio::time::sleep(poll.min(deadline - tokio::time::Instant::now())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn purge_refuses_live_statuses_and_nothing() {
+        assert!(PurgeRequest::new(&[], Duration::ZERO).is_err());
+        assert!(PurgeRequest::new(&[JobStatus::Pending], Duration::ZERO).is_err());
+        let request = PurgeRequest::new(
+            &[JobStatus::Dead, JobStatus::Completed, JobStatus::Dead],
+            Duration::ZERO,
+        )
+        .unwrap()
+        .batch_size(0);
+        assert_eq!(request.statuses(), [JobStatus::Completed, JobStatus::Dead]);
+        assert_eq!(request.rows_per_batch(), 1);
+    }
+
+    #[test]
+    fn a_filter_keeps_its_limit_in_range() {
+        assert_eq!(JobFilter::new().limit(0).limit, 1);
+        assert_eq!(JobFilter::new().limit(1_000_000).limit, MAX_PAGE);
+    }
+}
