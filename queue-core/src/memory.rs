@@ -375,6 +375,19 @@ impl MemoryTx {
         self.on_rollback.push(Box::new(undo));
     }
 
+    /// Replaces the payload of job `id` inside the transaction (undone on rollback), as a hook's
+    /// `UPDATE … SET payload` would in a database; false when there is no such job.
+    pub fn update_payload(&mut self, id: JobId, payload: Value) -> bool {
+        let state = self.state();
+        let Some(mut row) = state.jobs.get(&id.0).cloned() else {
+            return false;
+        };
+        row.payload = payload;
+        let previous = state.put(id.0, Some(row));
+        self.undo.push((id.0, previous));
+        true
+    }
+
     fn state(&mut self) -> &mut State {
         self.state.as_mut().expect("transaction already finished")
     }

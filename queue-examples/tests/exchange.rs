@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, CancelOutcome, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease,
-    Worker, WorkerHandle, finalize_with_hooks,
+    RetryTarget, Worker, WorkerHandle, finalize_with_hooks, retry_with_hooks,
 };
 use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
@@ -989,6 +989,96 @@ async fn cancelling_a_pending_send_fails_its_transaction_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_pending_send_fails_its_transaction_in_memory() {
     cancelling_a_pending_send_fails_its_transaction(&MemExchange::new()).await;
+}
+
+/// An operator's retry of an ended send job goes through `retry_failed_transaction`'s rules:
+/// the transaction must be failed and the job its latest; the key is repointed after a
+/// definitive failure (an operator's cancel of a pending send), the job carries the new
+/// transmission, and the partner receives it once. A refused retry changes nothing.
+async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right<S: ExchangeStore>(store: &S) {
+    let ids = store
+        .create_transactions(&[("acme".into(), 5), ("acme".into(), 6)])
+        .await
+        .unwrap();
+    let (id, other) = (ids[0], ids[1]);
+    let first_key = store.transaction(id).await.unwrap().unwrap().correlation_id;
+    let job = store.send_jobs(id).await.unwrap()[0];
+    assert_eq!(
+        store.cancel_send_job(job).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let hooks = store.hooks();
+    let retried = retry_with_hooks(store.queue(), &hooks, JobId(job), JobStatus::Cancelled)
+        .await
+        .unwrap();
+    assert!(matches!(retried, RetryTarget::Retried(_)), "{retried:?}");
+    let reopened = store.transaction(id).await.unwrap().unwrap();
+    assert_eq!(reopened.status, TransactionStatus::Pending);
+    assert_eq!(reopened.retries, 1);
+    assert_ne!(
+        reopened.correlation_id, first_key,
+        "a definitive failure repoints the key"
+    );
+    let payload = store
+        .queue()
+        .get(JobId(job))
+        .await
+        .unwrap()
+        .unwrap()
+        .payload;
+    assert_eq!(payload["correlation_id"], json!(reopened.correlation_id));
+
+    // The other transaction was retried the usual way: its first job is superseded.
+    let old = store.send_jobs(other).await.unwrap()[0];
+    assert_eq!(
+        store.cancel_send_job(old).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert!(matches!(
+        store.retry_failed_transaction(other).await.unwrap(),
+        RetryOutcome::Retried { .. }
+    ));
+    let before = store.transaction(other).await.unwrap().unwrap();
+    let refused = retry_with_hooks(store.queue(), &hooks, JobId(old), JobStatus::Cancelled).await;
+    let err = refused.unwrap_err().to_string();
+    assert!(err.contains("is not the latest"), "{err}");
+    assert_eq!(store.transaction(other).await.unwrap().unwrap(), before);
+    assert_eq!(send_job_of_id(store, old).await, JobStatus::Cancelled);
+
+    let server = acme_server(Duration::ZERO).await;
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let worker = start(store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(store, 2).await;
+    worker.shutdown().await.unwrap();
+    for transaction in [id, other] {
+        assert_eq!(
+            store
+                .transaction(transaction)
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            TransactionStatus::Success
+        );
+    }
+    assert_eq!(server.posts(), 2, "each transaction sent once");
+}
+
+async fn send_job_of_id<S: ExchangeStore>(store: &S, job: i64) -> JobStatus {
+    store.queue().get(JobId(job)).await.unwrap().unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right_on_postgres() {
+    let (db, store) = exchange_db().await;
+    an_operators_retry_of_a_send_job_keeps_the_transaction_right(&store).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right_in_memory() {
+    an_operators_retry_of_a_send_job_keeps_the_transaction_right(&MemExchange::new()).await;
 }
 
 /// An operator cancels a send job while its send is at the partner: the worker learns it before

@@ -304,6 +304,78 @@ fn assert_picks_are_index_backed(plan: &Value) {
     }
 }
 
+/// The nodes of `sql`'s plan (`EXPLAIN (FORMAT JSON)` with the bound values).
+async fn plan_nodes(
+    db: &TestDb,
+    sql: String,
+    binds: impl FnOnce(
+        sqlx::query::QueryScalar<'_, sqlx::Postgres, Value, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryScalar<
+        '_,
+        sqlx::Postgres,
+        Value,
+        sqlx::postgres::PgArguments,
+    >,
+) -> Vec<Value> {
+    let text = format!("EXPLAIN (FORMAT JSON) {sql}");
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(text));
+    let plan: Value = binds(query).fetch_one(&db.pool).await.unwrap();
+    let mut all = Vec::new();
+    nodes(&plan[0]["Plan"], &mut all);
+    all.into_iter().cloned().collect()
+}
+
+/// The operator's views stay index-backed on a big table: dead jobs are listed through the
+/// failed index (never a scan of the completed history), and the queues of a table are found
+/// by skip scans of the partial indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listings_stay_index_backed_on_a_large_table() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO queue_jobs (status, payload, finished_at)
+             SELECT 'completed', '{}', now() - interval '1 day' FROM generate_series(1, 200000);
+         INSERT INTO queue_jobs (status, payload, finished_at)
+             SELECT 'dead', '{}', now() FROM generate_series(1, 20);
+         INSERT INTO queue_jobs (queue, payload) SELECT 'q' || (g % 3), '{}'
+             FROM generate_series(1, 30000) g;
+         ANALYZE queue_jobs;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let table = TableName::default();
+    let listing = queue_postgres::testing::list_jobs_sql(&table, &[JobStatus::Dead]);
+    let nodes = plan_nodes(&db, listing, |q| {
+        q.bind("default").bind(None::<i64>).bind(51_i64)
+    })
+    .await;
+    let types: Vec<&str> = nodes
+        .iter()
+        .filter_map(|n| n["Node Type"].as_str())
+        .collect();
+    assert!(
+        !types.contains(&"Seq Scan"),
+        "the dead listing scans the table: {types:?}"
+    );
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["Index Name"] == "queue_jobs_failed_idx"),
+        "the dead listing does not use the failed index: {types:?}"
+    );
+    let queues = queue_postgres::testing::queues_sql(&table);
+    let nodes = plan_nodes(&db, queues, |q| q).await;
+    let scanned: Vec<&Value> = nodes
+        .iter()
+        .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "queue_jobs")
+        .collect();
+    assert!(
+        scanned.is_empty(),
+        "the queues statement scans the job table: {scanned:?}"
+    );
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_rows() {
     let db = TestDb::new().await;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use queue_core::{
     Backend, BackendTx, BoxError, ClaimedJob, FinalizeEvent, FinalizeHook, Hooks, MemoryBackend,
-    MemoryTx, NewJob, Payload,
+    MemoryTx, NewJob, Payload, ReopenEvent,
 };
 use serde_json::Value;
 
@@ -123,13 +123,7 @@ impl MemExchange {
         tx: &mut MemoryTx,
         view: &TransactionView,
     ) -> Result<i64, ExchangeError> {
-        let payload = SendPayload {
-            transaction_id: view.id,
-            correlation_id: view.correlation_id.clone(),
-            partner: view.partner.clone(),
-            amount_minor: view.amount_minor,
-        };
-        self.enqueue_linked(tx, view.id, NewJob::new(&payload)?)
+        self.enqueue_linked(tx, view.id, NewJob::new(&transmission(view))?)
             .await
     }
 
@@ -199,6 +193,51 @@ impl MemExchange {
     }
 }
 
+/// The transmission a send job of `view` carries.
+fn transmission(view: &TransactionView) -> SendPayload {
+    SendPayload {
+        transaction_id: view.id,
+        correlation_id: view.correlation_id.clone(),
+        partner: view.partner.clone(),
+        amount_minor: view.amount_minor,
+    }
+}
+
+impl MemExchange {
+    /// The only legal exit from `failed`, inside `tx` (undone on rollback): back to pending, the
+    /// key kept after an ambiguous failure and repointed after a definitive one. `Err(None)`:
+    /// no such transaction; `Err(Some(status))`: it is not failed.
+    fn reopen_transaction(
+        &self,
+        tx: &mut MemoryTx,
+        id: i64,
+    ) -> Result<TransactionView, Option<TransactionStatus>> {
+        let mut domain = self.domain.lock().unwrap();
+        let key = domain.new_key();
+        let row = domain.transactions.get_mut(&id).ok_or(None)?;
+        if row.status != TransactionStatus::Failed {
+            return Err(Some(row.status));
+        }
+        let previous = row.clone();
+        row.status = TransactionStatus::Pending;
+        // A new key only after a definitive failure: after an ambiguous one (or none
+        // recorded) the partner may have acted on the key, and must be able to recognise it.
+        if row.send_failure == Some(FailureKind::Definitive) {
+            row.correlation_id = key;
+            row.send_failure = None;
+        } else {
+            row.send_failure = Some(FailureKind::Ambiguous);
+        }
+        row.retries += 1;
+        let view = row.clone();
+        let undo = self.domain.clone();
+        tx.on_rollback(move || {
+            undo.lock().unwrap().transactions.insert(id, previous);
+        });
+        Ok(view)
+    }
+}
+
 /// The send job's outcome on the domain: stamps the job's transaction through the terminal
 /// guard and stages the event only when the stamp applied, in the queue's transaction. A
 /// payload that names another transaction fails the job's own (logged as a mismatch).
@@ -260,6 +299,48 @@ impl FinalizeHook<MemoryTx, SendPayload> for SendOutcome {
         }
         Ok(())
     }
+
+    /// An operator reopens a send job: its transaction follows by `retry_failed_transaction`'s
+    /// rules (only a failed one, only through its latest send job), and the job carries the
+    /// transaction's transmission again.
+    async fn after_reopened(
+        &self,
+        tx: &mut MemoryTx,
+        event: &ReopenEvent<'_, SendPayload>,
+    ) -> Result<(), BoxError> {
+        let job = event.job.id;
+        let (transaction, latest) = {
+            let domain = self.0.domain.lock().unwrap();
+            let Some(&transaction) = domain.jobs.get(&job.0) else {
+                return Err(format!("send job {job} has no transaction").into());
+            };
+            let latest = domain
+                .jobs
+                .iter()
+                .filter(|(_, owner)| **owner == transaction)
+                .map(|(id, _)| *id)
+                .max();
+            (transaction, latest)
+        };
+        if latest != Some(job.0) {
+            return Err(format!(
+                "send job {job} is not the latest of transaction {transaction}: retry that one"
+            )
+            .into());
+        }
+        let view = match self.0.reopen_transaction(tx, transaction) {
+            Ok(view) => view,
+            Err(status) => {
+                let status = status.map_or("missing", TransactionStatus::as_str);
+                return Err(format!(
+                    "transaction {transaction} is {status}: only a failed transaction can be retried"
+                )
+                .into());
+            }
+        };
+        tx.update_payload(job, serde_json::to_value(transmission(&view))?);
+        Ok(())
+    }
 }
 
 impl ExchangeStore for MemExchange {
@@ -314,32 +395,10 @@ impl ExchangeStore for MemExchange {
 
     async fn retry_failed_transaction(&self, id: i64) -> Result<RetryOutcome, ExchangeError> {
         let mut tx = self.queue.begin().await?;
-        let view = {
-            let mut domain = self.domain.lock().unwrap();
-            let key = domain.new_key();
-            let Some(row) = domain.transactions.get_mut(&id) else {
-                return Ok(RetryOutcome::NotFound);
-            };
-            if row.status != TransactionStatus::Failed {
-                return Ok(RetryOutcome::NotFailed(row.status));
-            }
-            let previous = row.clone();
-            row.status = TransactionStatus::Pending;
-            // A new key only after a definitive failure: after an ambiguous one (or none
-            // recorded) the partner may have acted on the key, and must be able to recognise it.
-            if row.send_failure == Some(FailureKind::Definitive) {
-                row.correlation_id = key;
-                row.send_failure = None;
-            } else {
-                row.send_failure = Some(FailureKind::Ambiguous);
-            }
-            row.retries += 1;
-            let view = row.clone();
-            let undo = self.domain.clone();
-            tx.on_rollback(move || {
-                undo.lock().unwrap().transactions.insert(id, previous);
-            });
-            view
+        let view = match self.reopen_transaction(&mut tx, id) {
+            Ok(view) => view,
+            Err(None) => return Ok(RetryOutcome::NotFound),
+            Err(Some(status)) => return Ok(RetryOutcome::NotFailed(status)),
         };
         let send_job_id = self.enqueue_send(&mut tx, &view).await?;
         tx.commit().await?;

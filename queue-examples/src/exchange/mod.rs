@@ -665,7 +665,7 @@ impl ExchangeConfig {
 /// The exchange's storage: transactions, send jobs, outbox.
 pub trait ExchangeStore: Clone + Send + Sync + 'static {
     /// The send queue's backend.
-    type Backend: Backend;
+    type Backend: queue_core::Admin;
 
     /// The send queue.
     fn queue(&self) -> &Self::Backend;

@@ -5,7 +5,9 @@
 
 use std::sync::LazyLock;
 
-use queue_core::{Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks, Payload};
+use queue_core::{
+    Backend, BackendTx, BoxError, FinalizeEvent, FinalizeHook, Hooks, Payload, ReopenEvent,
+};
 use queue_postgres::{Driver, PgQueueConfig, PostgresQueue, PostgresTx, Row, Sqlx, TableName};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -122,6 +124,25 @@ SELECT id, $2, jsonb_build_object('transaction_id', id, 'correlation_id', correl
                                   'partner', partner, 'amount_minor', amount_minor)
 FROM exchange_transactions WHERE id = $1
 RETURNING id
+"#;
+
+/// The transaction of a send job, its status, and whether the job is the transaction's latest
+/// (an operator may reopen only that one: the others were superseded by a retry). `$1` job.
+const REOPEN_TARGET: &str = r#"
+SELECT t.id, t.status,
+       j.id = (SELECT max(id) FROM exchange_send_jobs WHERE transaction_id = t.id) AS latest
+FROM exchange_send_jobs AS j JOIN exchange_transactions AS t ON t.id = j.transaction_id
+WHERE j.id = $1
+"#;
+
+/// A reopened send job carries its transaction's transmission again (its key may have been
+/// repointed). `$1` job.
+const REPAYLOAD_SEND_JOB: &str = r#"
+UPDATE exchange_send_jobs AS j
+SET payload = jsonb_build_object('transaction_id', t.id, 'correlation_id', t.correlation_id,
+                                 'partner', t.partner, 'amount_minor', t.amount_minor)
+FROM exchange_transactions AS t
+WHERE j.id = $1 AND t.id = j.transaction_id
 "#;
 
 /// The send jobs of a transaction. `$1` transaction.
@@ -298,6 +319,43 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
             };
             guard_refused(own, wanted, job.id.0);
         }
+        Ok(())
+    }
+
+    async fn after_reopened(
+        &self,
+        tx: &mut PostgresTx<D>,
+        event: &ReopenEvent<'_, SendPayload>,
+    ) -> Result<(), BoxError> {
+        SendOutcome::reopen(tx, event.job.id.0).await
+    }
+}
+
+impl SendOutcome {
+    /// An operator reopens a dead, failed or cancelled send job: its transaction follows by
+    /// `retry_failed_transaction`'s rules (only a failed transaction, and only through its
+    /// latest send job; the key kept after an ambiguous failure, repointed after a definitive
+    /// one), and the job carries the transaction's transmission again.
+    async fn reopen<D: Driver>(tx: &mut PostgresTx<D>, job: i64) -> Result<(), BoxError> {
+        let rows = tx.query(REOPEN_TARGET, (job,)).await?;
+        let Some(row) = rows.first() else {
+            return Err(format!("send job {job} has no transaction").into());
+        };
+        let transaction: i64 = row.get("id")?;
+        let status: String = row.get("status")?;
+        if !row.get::<bool>("latest")? {
+            return Err(format!(
+                "send job {job} is not the latest of transaction {transaction}: retry that one"
+            )
+            .into());
+        }
+        if tx.query(REOPEN_FAILED, (transaction,)).await?.is_empty() {
+            return Err(format!(
+                "transaction {transaction} is {status}: only a failed transaction can be retried"
+            )
+            .into());
+        }
+        tx.execute(REPAYLOAD_SEND_JOB, (job,)).await?;
         Ok(())
     }
 }

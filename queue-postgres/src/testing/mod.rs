@@ -188,9 +188,22 @@ impl Drop for ScratchDb {
 }
 
 /// The claim statement rendered for `table`, for tests that read its plan (`EXPLAIN`): `$1`
-/// queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap.
+/// queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap, `$5` the claimer's name.
 pub fn claim_sql(table: &TableName) -> String {
     crate::sql::for_table(crate::sql::CLAIM, table).expect("the claim renders for any table")
+}
+
+/// The admin listing rendered for `table` and `statuses`, for tests that read its plan: `$1`
+/// queue, `$2` cursor, `$3` rows.
+pub fn list_jobs_sql(table: &TableName, statuses: &[queue_core::JobStatus]) -> String {
+    crate::sql::Sql::new(table)
+        .and_then(|sql| sql.list_jobs(statuses))
+        .expect("the listing renders for any table")
+}
+
+/// The queues statement rendered for `table`, for tests that read its plan.
+pub fn queues_sql(table: &TableName) -> String {
+    crate::sql::for_table(crate::sql::QUEUES, table).expect("the queues statement renders")
 }
 
 /// The statistics statement rendered for `table`, for tests and benchmarks that read its plan
