@@ -1139,3 +1139,69 @@ async fn cancelling_a_send_in_flight_ends_it_at_its_worker_on_postgres() {
 async fn cancelling_a_send_in_flight_ends_it_at_its_worker_in_memory() {
     cancelling_a_send_in_flight_ends_it_at_its_worker(&MemExchange::new()).await;
 }
+
+/// `exchange-admin` runs queuectl's commands with the exchange's hooks: a cancel fails the
+/// transaction with its event, a retry reopens it by `retry_failed_transaction`'s rules, and a
+/// retry the rules refuse exits 4 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchange_admin_keeps_transactions_right() {
+    let (db, store) = exchange_db().await;
+    let id = store
+        .create_transactions(&[("acme".into(), 7)])
+        .await
+        .unwrap()[0];
+    let first_key = store.transaction(id).await.unwrap().unwrap().correlation_id;
+    let job = store.send_jobs(id).await.unwrap()[0].to_string();
+    let admin = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_exchange-admin"))
+            .env(
+                "DATABASE_URL",
+                format!("{}/{}", queue_postgres::testing::server_url(), db.name),
+            )
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run exchange-admin");
+        let stdout: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        (output.status.code(), stdout)
+    };
+    let (code, out) = admin(&["jobs", "cancel", "--yes", &job]);
+    assert_eq!(code, Some(0), "{out}");
+    let failed = store.transaction(id).await.unwrap().unwrap();
+    assert_eq!(failed.status, TransactionStatus::Failed);
+    assert_eq!(
+        store.events(id).await.unwrap().len(),
+        1,
+        "the cancel staged its event"
+    );
+
+    let (code, out) = admin(&["jobs", "retry", &job]);
+    assert_eq!(code, Some(0), "{out}");
+    let reopened = store.transaction(id).await.unwrap().unwrap();
+    assert_eq!(reopened.status, TransactionStatus::Pending);
+    assert_ne!(
+        reopened.correlation_id, first_key,
+        "the cancel was definitive: a new key"
+    );
+
+    // A job whose transaction is not failed (the job failed by hand, behind the hooks' back,
+    // so its transaction is still pending) is refused: exit 4, nothing changed.
+    sqlx::query(
+        "UPDATE exchange_send_jobs SET status = 'failed', finished_at = now() WHERE id = $1",
+    )
+    .bind(job.parse::<i64>().unwrap())
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (code, out) = admin(&["jobs", "retry", &job]);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out["jobs"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("only a failed transaction"),
+        "{out}"
+    );
+    assert_eq!(store.transaction(id).await.unwrap().unwrap(), reopened);
+    db.drop_db().await;
+}

@@ -92,6 +92,28 @@ impl<D: Driver> PostgresQueue<D> {
         })
     }
 
+    /// A handle on another queue of the same table, sharing the pool and the statements; it
+    /// keeps no `LISTEN` connection (its workers poll, or use a handle of their own), so it
+    /// suits admin tools that visit every queue of a table.
+    pub fn for_queue(&self, queue: QueueName) -> Self {
+        let inner = &self.inner;
+        PostgresQueue {
+            inner: Arc::new(Inner {
+                pool: inner.pool.clone(),
+                config: PgQueueConfig {
+                    queue,
+                    listen: false,
+                    ..inner.config.clone()
+                },
+                sql: inner.sql.clone(),
+                quoted_table: inner.quoted_table.clone(),
+                channel: inner.channel.clone(),
+                wake: Arc::new(Notify::new()),
+                _listener: None,
+            }),
+        }
+    }
+
     /// The pool.
     pub fn pool(&self) -> &D::Pool {
         &self.inner.pool

@@ -31,7 +31,7 @@ mod pg;
 
 pub use http::{EndpointError, HttpPartner, PartnerConfigError, PartnerEndpoint, log_configured};
 pub use memory::MemExchange;
-pub use pg::{MIGRATOR, PgExchange, StampOutcome, send_queue_config};
+pub use pg::{MIGRATOR, PgExchange, StampOutcome, send_hooks, send_queue_config};
 
 /// The queue name of send jobs.
 pub const QUEUE: &str = "exchange.send";

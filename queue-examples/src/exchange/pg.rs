@@ -331,6 +331,13 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
     }
 }
 
+/// The send queue's finalize hooks on PostgreSQL (either driver): what every finalize of a send
+/// job and every operator's retry or cancel runs, so that the transaction and the outbox follow
+/// the job. `exchange-admin` runs its commands with them.
+pub fn send_hooks<D: Driver>() -> Hooks<PostgresTx<D>, SendPayload> {
+    Hooks::new().with(SendOutcome)
+}
+
 impl SendOutcome {
     /// An operator reopens a dead, failed or cancelled send job: its transaction follows by
     /// `retry_failed_transaction`'s rules (only a failed transaction, and only through its
@@ -404,7 +411,7 @@ impl<D: Driver> ExchangeStore for PgExchange<D> {
     }
 
     fn hooks(&self) -> Hooks<PostgresTx<D>, SendPayload> {
-        Hooks::new().with(SendOutcome)
+        send_hooks()
     }
 
     async fn transaction_of_job(

@@ -1,0 +1,298 @@
+//! The command line: global options and subcommands (clap).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use queue_core::{JobStatus, QueueName};
+use queue_postgres::TableName;
+
+/// Operate the queues of a queue-framework table.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "queuectl",
+    version,
+    about = "Operate the queues of a queue-framework table: status, pause, drain, list, \
+             show, retry, cancel and purge jobs, migrate and upgrade tables.",
+    after_help = "Exit codes: 0 done, 1 failed, 2 bad usage or value, 3 not found, 4 refused \
+                  (nothing changed), 5 not confirmed, 6 timed out, 130 interrupted."
+)]
+pub struct Cli {
+    /// The database, as a postgres:// URL (printed without its password).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// The queue table.
+    #[arg(long, global = true, default_value = TableName::DEFAULT, value_parser = parse_table)]
+    pub table: TableName,
+
+    /// The queue inside the table.
+    #[arg(long, global = true, default_value = QueueName::DEFAULT, value_parser = parse_queue)]
+    pub queue: QueueName,
+
+    /// Print JSON instead of tables (one document on stdout).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Do not ask before destructive commands (cancel, bulk retry, purge, upgrade).
+    #[arg(long, short = 'y', global = true)]
+    pub yes: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Create the queue table: the standard `queue_jobs` (its own migrations table), or the
+    /// table named by --table.
+    Migrate,
+    /// Upgrade a legacy queue table in place, in phases the legacy release can run beside
+    /// (short-locked columns, batched backfill, concurrent index builds); run it again to resume.
+    UpgradeLegacy(UpgradeArgs),
+    /// Every queue of the table: backlog, lag, leases, the last hour's outcomes, paused or not.
+    Status(StatusArgs),
+    /// Pause, resume or drain a queue.
+    #[command(subcommand)]
+    Queue(QueueCommand),
+    /// List, show, retry or cancel jobs.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// Delete terminal jobs older than an age, in bounded batches.
+    Purge(PurgeArgs),
+    /// The jobs in flight: their holders, generations, time left on their leases, reclaims.
+    Lease(LeaseArgs),
+}
+
+/// `upgrade-legacy`.
+#[derive(Debug, Clone, Args)]
+pub struct UpgradeArgs {
+    /// A legacy index the lease schema supersedes, dropped at the end (repeatable).
+    #[arg(long = "retire-index", value_name = "INDEX")]
+    pub retire_index: Vec<String>,
+    /// How long the ALTER may wait for its lock per try (readers and writers queue behind it).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub lock_timeout: Duration,
+    /// Tries of the ALTER before giving up.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub lock_attempts: u32,
+    /// Rows of the primary key per backfill batch.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub batch_size: u32,
+}
+
+/// `status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Leases ending within this window are counted as ending soon.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub window: Duration,
+}
+
+/// `queue …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum QueueCommand {
+    /// Stop every worker of every process from claiming the queue's jobs (running jobs finish).
+    Pause,
+    /// Let workers claim the queue's jobs again.
+    Resume,
+    /// Pause the queue and wait until none of its jobs runs.
+    Drain {
+        /// Give up waiting after this long (exit 6); the queue stays paused.
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+}
+
+/// `jobs …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum JobsCommand {
+    /// List the queue's jobs, newest first.
+    List {
+        /// Only jobs in this state (repeatable).
+        #[arg(long = "state", value_enum)]
+        states: Vec<State>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// Only jobs with an id below this one (the cursor a previous page printed).
+        #[arg(long)]
+        before: Option<i64>,
+    },
+    /// Show one job: its state, attempts, lease, error history.
+    Show {
+        /// The job's id.
+        id: i64,
+        /// Show the payload too (it may hold personal or secret data).
+        #[arg(long)]
+        show_payload: bool,
+    },
+    /// Retry dead, failed or cancelled jobs: back to pending, attempts reset, with the hooks.
+    Retry(RetryArgs),
+    /// Cancel jobs: a pending one at once, one in flight through its holder, with the hooks.
+    Cancel {
+        /// The jobs' ids.
+        #[arg(required = true)]
+        ids: Vec<i64>,
+    },
+    /// Find the job holding a unique key.
+    Find {
+        /// The unique key.
+        key: String,
+    },
+}
+
+/// `jobs retry`.
+#[derive(Debug, Clone, Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["ids", "all"]))]
+pub struct RetryArgs {
+    /// The jobs' ids.
+    pub ids: Vec<i64>,
+    /// Every job of the queue in --state.
+    #[arg(long, requires = "state")]
+    pub all: bool,
+    /// The state to retry with --all.
+    #[arg(long, value_enum)]
+    pub state: Option<RetryState>,
+}
+
+/// `purge`.
+#[derive(Debug, Clone, Args)]
+pub struct PurgeArgs {
+    /// Only jobs finished longer ago than this (7d, 12h, 30m).
+    #[arg(long, value_parser = parse_duration)]
+    pub older_than: Duration,
+    /// The terminal states to purge (repeatable).
+    #[arg(long = "state", value_enum, required = true)]
+    pub states: Vec<TerminalState>,
+    /// Rows per statement.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_size: u32,
+}
+
+/// `lease`.
+#[derive(Debug, Clone, Args)]
+pub struct LeaseArgs {
+    /// At most this many jobs.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+}
+
+/// A job state on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum State {
+    /// Waiting to be claimed.
+    Pending,
+    /// Claimed, under a lease.
+    InFlight,
+    /// Done.
+    Completed,
+    /// Failed for good.
+    Failed,
+    /// Buried (poison, or a hook that kept failing).
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<State> for JobStatus {
+    fn from(state: State) -> Self {
+        match state {
+            State::Pending => JobStatus::Pending,
+            State::InFlight => JobStatus::InFlight,
+            State::Completed => JobStatus::Completed,
+            State::Failed => JobStatus::Failed,
+            State::Dead => JobStatus::Dead,
+            State::Cancelled => JobStatus::Cancelled,
+        }
+    }
+}
+
+/// A state an operator may retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RetryState {
+    /// Failed for good.
+    Failed,
+    /// Buried.
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<RetryState> for JobStatus {
+    fn from(state: RetryState) -> Self {
+        match state {
+            RetryState::Failed => JobStatus::Failed,
+            RetryState::Dead => JobStatus::Dead,
+            RetryState::Cancelled => JobStatus::Cancelled,
+        }
+    }
+}
+
+/// A terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TerminalState {
+    /// Done.
+    Completed,
+    /// Failed for good.
+    Failed,
+    /// Buried.
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<TerminalState> for JobStatus {
+    fn from(state: TerminalState) -> Self {
+        match state {
+            TerminalState::Completed => JobStatus::Completed,
+            TerminalState::Failed => JobStatus::Failed,
+            TerminalState::Dead => JobStatus::Dead,
+            TerminalState::Cancelled => JobStatus::Cancelled,
+        }
+    }
+}
+
+fn parse_table(value: &str) -> Result<TableName, String> {
+    TableName::new(value).map_err(|err| err.to_string())
+}
+
+fn parse_queue(value: &str) -> Result<QueueName, String> {
+    QueueName::new(value).map_err(|err| err.to_string())
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value).map_err(|err| format!("{err} (try 500ms, 90s, 12h, 7d)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let err = Cli::try_parse_from(["queuectl", "--table", "Bad Name", "status"]).unwrap_err();
+        assert!(err.to_string().contains("--table"), "{err}");
+        let err = Cli::try_parse_from([
+            "queuectl",
+            "purge",
+            "--older-than",
+            "soon",
+            "--state",
+            "dead",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("--older-than"), "{err}");
+        assert!(Cli::try_parse_from(["queuectl", "jobs", "retry"]).is_err());
+        assert!(Cli::try_parse_from(["queuectl", "jobs", "retry", "--all"]).is_err());
+        let ok = Cli::try_parse_from(["queuectl", "jobs", "retry", "--all", "--state", "dead"]);
+        assert!(ok.is_ok());
+    }
+}

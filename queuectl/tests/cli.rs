@@ -1,0 +1,396 @@
+//! The `queuectl` binary against a scratch database: every subcommand, its output, its exit
+//! code, and what it changed (or did not) in the table.
+
+use std::time::Duration;
+
+use assert_cmd::Command;
+use queue_core::{
+    Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+};
+use queue_postgres::testing::ScratchDb;
+use queue_postgres::{PgQueue, TableName};
+use serde_json::{Value, json};
+
+fn url(db: &ScratchDb) -> String {
+    format!("{}/{}", queue_postgres::testing::server_url(), db.name)
+}
+
+fn ctl(db: &ScratchDb) -> Command {
+    let mut command = Command::cargo_bin("queuectl").expect("the queuectl binary");
+    command.env("DATABASE_URL", url(db)).env_remove("RUST_LOG");
+    command
+}
+
+/// Runs `args`, expects `code`, returns stdout parsed as JSON (the commands run with --json).
+fn json_of(db: &ScratchDb, args: &[&str], code: i32) -> Value {
+    let output = ctl(db)
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run queuectl");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "queuectl {args:?}: stdout {stdout} stderr {stderr}"
+    );
+    serde_json::from_str(&stdout).unwrap_or(Value::Null)
+}
+
+/// Ends the next claimable job (`id`) with `action`, claimed under `holder`.
+async fn end(queue: &PgQueue, id: JobId, holder: &str, action: Finalize) {
+    let job = queue
+        .claim(ClaimRequest::new(1, Lease::DEFAULT).holder(holder))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    assert_eq!(job.id, id);
+    assert_eq!(
+        queue.finalize(job.claim(), &action).await.unwrap(),
+        FinalizeOutcome::Applied
+    );
+}
+
+async fn status_of(queue: &PgQueue, id: JobId) -> JobStatus {
+    queue.get(id).await.unwrap().unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_creates_the_standard_and_a_named_table() {
+    let db = ScratchDb::empty().await;
+    let done = json_of(&db, &["migrate"], 0);
+    assert_eq!(done, json!({ "table": "queue_jobs", "ready": true }));
+    json_of(&db, &["migrate"], 0);
+    json_of(&db, &["--table", "mail_jobs", "migrate"], 0);
+    PgQueue::check_schema(&db.pool, &TableName::new("mail_jobs").unwrap())
+        .await
+        .expect("the named table is on the lease schema");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_jobs_and_lease_show_what_the_queue_holds() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    let dead = queue
+        .enqueue(
+            NewJob::new(&json!({ "card": "4111 1111 1111 1111" }))
+                .unwrap()
+                .unique_key("order-9"),
+        )
+        .await
+        .unwrap()
+        .id;
+    end(
+        &queue,
+        dead,
+        "host-a:1",
+        Finalize::Dead {
+            reason: "poison".into(),
+        },
+    )
+    .await;
+    for n in 0..3 {
+        queue
+            .enqueue(NewJob::new(&json!({ "n": n })).unwrap())
+            .await
+            .unwrap();
+    }
+    let running = queue
+        .claim(ClaimRequest::new(1, Lease::DEFAULT).holder("host-b:2"))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+
+    let status = json_of(&db, &["status"], 0);
+    let default = &status["queues"][0];
+    assert_eq!(default["queue"], "default");
+    assert_eq!(
+        (default["due"].as_u64(), default["in_flight"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(default["finished_last_hour"]["dead"], 1);
+    assert_eq!(default["paused"], false);
+
+    let listed = json_of(&db, &["jobs", "list", "--state", "dead"], 0);
+    assert_eq!(listed["jobs"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["jobs"][0]["id"], dead.0);
+    assert_eq!(listed["next"], Value::Null);
+    let page = json_of(&db, &["jobs", "list", "--limit", "2"], 0);
+    assert_eq!(page["jobs"].as_array().unwrap().len(), 2);
+    let cursor = page["next"].as_i64().expect("a next page");
+    let rest = json_of(&db, &["jobs", "list", "--before", &cursor.to_string()], 0);
+    assert_eq!(rest["jobs"].as_array().unwrap().len(), 2);
+
+    let shown = json_of(&db, &["jobs", "show", &dead.0.to_string()], 0);
+    assert_eq!(shown["status"], "dead");
+    assert!(
+        shown.get("payload").is_none(),
+        "payload shown unasked: {shown}"
+    );
+    assert_eq!(shown["errors"][0]["worker"], "host-a:1");
+    assert_eq!(shown["errors"][0]["outcome"], "dead");
+    let text = ctl(&db)
+        .args(["jobs", "show", &dead.0.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        !text.contains("4111"),
+        "the payload leaked into the table: {text}"
+    );
+    assert!(text.contains("hidden (--show-payload)"));
+    let with_payload = json_of(
+        &db,
+        &["jobs", "show", &dead.0.to_string(), "--show-payload"],
+        0,
+    );
+    assert_eq!(with_payload["payload"]["card"], "4111 1111 1111 1111");
+    let found = json_of(&db, &["jobs", "find", "order-9"], 0);
+    assert_eq!(found["id"], dead.0);
+    json_of(&db, &["jobs", "find", "order-10"], 3);
+
+    let leases = json_of(&db, &["lease"], 0);
+    let lease = &leases["jobs"][0];
+    assert_eq!(lease["id"], running.id.0);
+    assert_eq!(lease["holder"], "host-b:2");
+    assert_eq!(lease["generation"], 1);
+    let left = lease["lease_left_ms"].as_i64().unwrap();
+    assert!(left > 0 && left <= 90_000, "{left}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_and_cancel_change_only_what_they_are_asked_to() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    let dead = queue.enqueue(NewJob::new(&1).unwrap()).await.unwrap().id;
+    end(
+        &queue,
+        dead,
+        "w",
+        Finalize::Dead {
+            reason: "poison".into(),
+        },
+    )
+    .await;
+    let pending = queue.enqueue(NewJob::new(&2).unwrap()).await.unwrap().id;
+
+    let retried = json_of(&db, &["jobs", "retry", &dead.0.to_string()], 0);
+    assert_eq!(retried["jobs"][0]["result"], "retried");
+    assert_eq!(status_of(&queue, dead).await, JobStatus::Pending);
+    let again = json_of(&db, &["jobs", "retry", &dead.0.to_string()], 4);
+    assert_eq!(again["jobs"][0]["result"], "refused");
+    json_of(&db, &["jobs", "retry", "999999"], 3);
+
+    // Not confirmed (no terminal, no --yes): nothing changes.
+    let refused = ctl(&db)
+        .args(["jobs", "cancel", &pending.0.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
+    assert_eq!(status_of(&queue, pending).await, JobStatus::Pending);
+    let cancelled = json_of(&db, &["jobs", "cancel", "--yes", &pending.0.to_string()], 0);
+    assert_eq!(cancelled["jobs"][0]["result"], "cancelled");
+    assert_eq!(status_of(&queue, pending).await, JobStatus::Cancelled);
+    json_of(&db, &["jobs", "cancel", "--yes", &pending.0.to_string()], 4);
+
+    // Every cancelled job at once.
+    let all = json_of(
+        &db,
+        &["jobs", "retry", "--all", "--state", "cancelled", "--yes"],
+        0,
+    );
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 1);
+    assert_eq!(status_of(&queue, pending).await, JobStatus::Pending);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_pause_resume_and_drain() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    for n in 0..3 {
+        let id = queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap().id;
+        end(&queue, id, "w", Finalize::Complete).await;
+    }
+    queue_postgres::testing::age_rows(&db.pool, &TableName::default(), Duration::from_secs(7_200))
+        .await;
+    let fresh = queue.enqueue(NewJob::new(&9).unwrap()).await.unwrap().id;
+    end(&queue, fresh, "w", Finalize::Complete).await;
+    json_of(
+        &db,
+        &["purge", "--older-than", "1h", "--state", "completed"],
+        5,
+    );
+    let purged = json_of(
+        &db,
+        &[
+            "purge",
+            "--older-than",
+            "1h",
+            "--state",
+            "completed",
+            "--batch-size",
+            "2",
+            "--yes",
+        ],
+        0,
+    );
+    assert_eq!(purged["deleted"], 3);
+    assert!(
+        queue.get(fresh).await.unwrap().is_some(),
+        "a recent job was purged"
+    );
+
+    let paused = json_of(&db, &["queue", "pause"], 0);
+    assert_eq!(paused["paused"], true);
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(status["queues"][0]["paused"], true);
+    let id = queue.enqueue(NewJob::new(&10).unwrap()).await.unwrap().id;
+    assert!(
+        queue
+            .claim(ClaimRequest::new(1, Lease::DEFAULT))
+            .await
+            .unwrap()
+            .jobs
+            .is_empty()
+    );
+    json_of(&db, &["queue", "resume"], 0);
+    let running = queue
+        .claim(ClaimRequest::new(1, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    assert_eq!(running.id, id);
+
+    let timed_out = json_of(&db, &["queue", "drain", "--timeout", "200ms"], 6);
+    assert_eq!(
+        (
+            timed_out["running"].as_u64(),
+            timed_out["drained"].as_bool()
+        ),
+        (Some(1), Some(false))
+    );
+    let done = queue
+        .finalize(running.claim(), &Finalize::Complete)
+        .await
+        .unwrap();
+    assert_eq!(done, FinalizeOutcome::Applied);
+    let drained = json_of(&db, &["queue", "drain", "--timeout", "10s"], 0);
+    assert_eq!(drained["drained"], true);
+    json_of(&db, &["queue", "resume"], 0);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_legacy_upgrades_a_legacy_table_once_confirmed() {
+    let db = ScratchDb::empty().await;
+    sqlx::raw_sql(
+        "CREATE TABLE invoice_jobs (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending',
+                                    attempts integer NOT NULL DEFAULT 0,
+                                    next_attempt_at timestamptz NOT NULL DEFAULT now());
+         CREATE INDEX invoice_jobs_stuck ON invoice_jobs (next_attempt_at) WHERE status = 'in_flight';
+         INSERT INTO invoice_jobs (status) VALUES ('pending'), ('completed'), ('in_flight');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let args = [
+        "--table",
+        "invoice_jobs",
+        "--queue",
+        "invoices",
+        "upgrade-legacy",
+        "--retire-index",
+        "invoice_jobs_stuck",
+    ];
+    json_of(&db, &args, 5);
+    let table = TableName::new("invoice_jobs").unwrap();
+    assert!(
+        PgQueue::check_schema(&db.pool, &table).await.is_err(),
+        "changed unconfirmed"
+    );
+    let mut confirmed = args.to_vec();
+    confirmed.push("--yes");
+    let report = json_of(&db, &confirmed, 0);
+    assert_eq!(report["columns_added"], true);
+    assert_eq!(report["rows_stamped"], 1);
+    assert_eq!(report["indexes_retired"], json!(["invoice_jobs_stuck"]));
+    PgQueue::check_schema(&db.pool, &table)
+        .await
+        .expect("upgraded");
+    let status = json_of(
+        &db,
+        &["--table", "invoice_jobs", "--queue", "invoices", "status"],
+        0,
+    );
+    assert_eq!(
+        status["queues"][0]["lease_expired"], 1,
+        "the stranded row counts as expired"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_message_and_changes_nothing() {
+    let db = ScratchDb::new().await;
+    let run = |command: &mut Command| {
+        let output = command.output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(ctl(&db).args(["--table", "Bad Name", "status"]));
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("--table") && stderr.contains("lowercase"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(ctl(&db).args(["--queue", "has space", "status"]));
+    assert_eq!(code, Some(2), "{stderr}");
+    let (code, stderr) = run(ctl(&db).args(["--table", "nowhere", "status"]));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("not found"), "{stderr}");
+    let (code, stderr) = run(Command::cargo_bin("queuectl")
+        .unwrap()
+        .env_remove("DATABASE_URL")
+        .arg("status"));
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("DATABASE_URL"), "{stderr}");
+    let (code, stderr) = run(ctl(&db).args([
+        "--database-url",
+        "postgres://ops:s3cret-pw@127.0.0.1:1/queues",
+        "status",
+    ]));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("cannot reach the database"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cret-pw"),
+        "the password leaked: {stderr}"
+    );
+    let (code, _) = run(ctl(&db).args(["jobs", "show", "424242"]));
+    assert_eq!(code, Some(3));
+    let (code, stderr) = run(ctl(&db).args(["purge", "--older-than", "soon", "--state", "dead"]));
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--older-than"), "{stderr}");
+    for help in [
+        vec!["--help"],
+        vec!["status", "--help"],
+        vec!["jobs", "retry", "--help"],
+        vec!["purge", "--help"],
+        vec!["upgrade-legacy", "--help"],
+        vec!["queue", "drain", "--help"],
+        vec!["lease", "--help"],
+    ] {
+        let (code, _) = run(ctl(&db).args(&help));
+        assert_eq!(code, Some(0), "{help:?}");
+    }
+    db.drop_db().await;
+}
