@@ -56,6 +56,10 @@ pub struct WorkerArgs {
     /// The poll interval when idle, in milliseconds (10 ms to a minute).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub poll_ms: u64,
+    /// Serve /metrics (Prometheus), /healthz and /readyz on this address (for example
+    /// 127.0.0.1:9464); none by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for WorkerArgs {

@@ -28,4 +28,5 @@
 pub mod chaos;
 pub mod cli;
 pub mod exchange;
+pub mod ops;
 pub mod webhook;

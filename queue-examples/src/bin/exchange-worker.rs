@@ -6,7 +6,11 @@
 //!                 [--database-url URL] [--lease-secs 90] [--concurrency 16]
 //!                 [--send-timeout-secs 30] [--max-attempts 5] [--migrate]
 //!                 [--lease-margin-secs 10] [--retry-base-ms 1000] [--poll-ms 1000]
+//!                 [--metrics-addr 127.0.0.1:9464]
 //! ```
+//! With `--metrics-addr` it serves `/metrics` (the framework's metrics, Prometheus text),
+//! `/healthz` and `/readyz` (not ready while the database does not answer, and from the first
+//! moment of a drain).
 //! `DATABASE_URL` and `EXCHANGE_PARTNERS` (`name=url,name=url`) work as well as the flags.
 //! Start-up refuses a partner URL that can never work (not `http`/`https`, no host, does not
 //! parse) and an unreadable CA file, naming the partner, and a duration flag that is zero or
@@ -71,6 +75,11 @@ async fn main() -> Result<()> {
         poll_interval: Duration::from_millis(args.poll_ms),
     };
     let worker_config = config.worker_config(&partners)?;
+    // Before any queue or worker exists: they take their metric handles when they start.
+    let metrics = match args.metrics_addr {
+        Some(_) => Some(queue_examples::ops::install_recorder()?),
+        None => None,
+    };
 
     let pool = PgPoolOptions::new()
         .max_connections((config.concurrency as u32).clamp(2, 32))
@@ -89,6 +98,13 @@ async fn main() -> Result<()> {
     )?
     .hooks(store.hooks())
     .start();
+    // Ready once the schema check passed (connect) and the worker runs.
+    let readiness = queue_examples::ops::Readiness::new(store.pool().clone());
+    if let (Some(addr), Some(metrics)) = (args.metrics_addr, metrics) {
+        queue_examples::ops::serve(addr, metrics, readiness.clone())
+            .await
+            .with_context(|| format!("serving metrics on {addr}"))?;
+    }
     tracing::info!(
         name: events::WORKER_STARTED,
         partners = partner_count,
@@ -102,6 +118,7 @@ async fn main() -> Result<()> {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    readiness.draining();
     tracing::info!(name: events::WORKER_DRAINING, "{}", events::WORKER_DRAINING);
     let report = worker.shutdown().await?;
     tracing::info!(
