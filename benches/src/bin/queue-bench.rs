@@ -54,43 +54,37 @@ impl Handler for Stamping {
     }
 }
 
+/// End-to-end throughput and start latency of the worker runtime on PostgreSQL.
+#[derive(Debug, clap::Parser)]
+#[command(name = "queue-bench")]
 struct Options {
+    /// Noop jobs per run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
     jobs: usize,
+    /// The worker's concurrency.
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     workers: usize,
+    /// The most jobs one claim asks for.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
+    /// Runs (medians are reported).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     runs: usize,
+    /// Jobs of the latency phase, enqueued one at a time.
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     latency_jobs: usize,
+    /// Enqueues per second in the latency phase.
+    #[arg(long, default_value_t = 200.0)]
     rate: f64,
-    driver: String,
+    /// The PostgreSQL driver.
+    #[arg(long, value_enum, default_value_t = DriverName::Sqlx)]
+    driver: DriverName,
 }
 
-fn parse() -> Result<Options, String> {
-    let mut o = Options {
-        jobs: 20_000,
-        workers: 8,
-        batch: 500,
-        runs: 1,
-        latency_jobs: 1000,
-        rate: 200.0,
-        driver: "sqlx".to_owned(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
-        match flag.as_str() {
-            "--jobs" => o.jobs = value.parse().map_err(|e| bad(&e))?,
-            "--workers" => o.workers = value.parse().map_err(|e| bad(&e))?,
-            "--batch" => o.batch = value.parse().map_err(|e| bad(&e))?,
-            "--runs" => o.runs = value.parse().map_err(|e| bad(&e))?,
-            "--latency-jobs" => o.latency_jobs = value.parse().map_err(|e| bad(&e))?,
-            "--rate" => o.rate = value.parse().map_err(|e| bad(&e))?,
-            "--driver" if value == "sqlx" || value == "tokio-postgres" => o.driver = value,
-            "--driver" => return Err(format!("--driver {value}: use sqlx or tokio-postgres")),
-            _ => return Err(format!("unknown flag {flag}")),
-        }
-    }
-    Ok(o)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DriverName {
+    Sqlx,
+    TokioPostgres,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -228,20 +222,20 @@ async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
 /// One run: throughput on a fresh database, then latency on another.
 async fn run_once(o: &Options) -> ((f64, f64, u64), (f64, f64)) {
     let db = benches::scratch_db().await;
-    let throughput = match o.driver.as_str() {
-        "sqlx" => throughput_run(o, benches::queue(&db.pool).await).await,
-        _ => throughput_run(o, tp_queue(&db, false).await).await,
+    let throughput = match o.driver {
+        DriverName::Sqlx => throughput_run(o, benches::queue(&db.pool).await).await,
+        DriverName::TokioPostgres => throughput_run(o, tp_queue(&db, false).await).await,
     };
     db.drop_db().await;
     let db = benches::scratch_db().await;
-    let latency = match o.driver.as_str() {
-        "sqlx" => {
+    let latency = match o.driver {
+        DriverName::Sqlx => {
             let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
                 .await
                 .expect("schema");
             latency_run(o, queue).await
         }
-        _ => latency_run(o, tp_queue(&db, true).await).await,
+        DriverName::TokioPostgres => latency_run(o, tp_queue(&db, true).await).await,
     };
     db.drop_db().await;
     (throughput, latency)
@@ -249,13 +243,11 @@ async fn run_once(o: &Options) -> ((f64, f64, u64), (f64, f64)) {
 
 #[tokio::main]
 async fn main() {
-    let o = match parse() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("queue-bench: {e}");
-            std::process::exit(2);
-        }
-    };
+    let o = <Options as clap::Parser>::parse();
+    if !(o.rate > 0.0 && o.rate <= 100_000.0) {
+        eprintln!("queue-bench: --rate must be above 0 and at most 100000");
+        std::process::exit(2);
+    }
     let (mut enq, mut proc, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut duplicates = 0;
     for run in 1..=o.runs.max(1) {

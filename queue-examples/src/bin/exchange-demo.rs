@@ -10,15 +10,12 @@
 //! stale_fenced=K backend=B elapsed_ms=T`; the exit status is non-zero if a guarantee broke.
 
 use anyhow::{Context, Result, bail};
-use queue_examples::cli::Args;
+use clap::Parser;
+use queue_examples::cli::DemoArgs;
 use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::{MemExchange, PgExchange};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions};
-
-const HELP: &str = "exchange-demo [--jobs N] [--workers W] [--concurrency C] [--fail-rate F] \
-[--database-url URL] [--keep-db] [--no-progress]\n\
-Runs on PostgreSQL when --database-url or DATABASE_URL is set, otherwise in memory.";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -29,38 +26,16 @@ async fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse(
-        std::env::args().skip(1),
-        &[
-            "jobs",
-            "workers",
-            "concurrency",
-            "fail-rate",
-            "database-url",
-            "keep-db",
-            "no-progress",
-            "help",
-        ],
-    )?;
-    if args.has("help") {
-        println!("{HELP}");
-        return Ok(());
-    }
+    let args = DemoArgs::parse();
     let config = DemoConfig {
-        jobs: args.get("jobs", 3000)?,
-        workers: args.get("workers", 4)?,
-        concurrency: args.get("concurrency", 16)?,
-        fail_rate: args.get("fail-rate", 0.05)?,
-        progress: !args.has("no-progress"),
+        jobs: usize::try_from(args.jobs)?,
+        workers: usize::try_from(args.workers)?,
+        concurrency: usize::try_from(args.concurrency)?,
+        fail_rate: args.fail_rate,
+        progress: !args.no_progress,
         ..DemoConfig::default()
     };
-    if !(0.0..1.0).contains(&config.fail_rate) {
-        bail!("--fail-rate must be in [0, 1)");
-    }
-    let url = args
-        .opt("database-url")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()));
+    let url = args.database_url.clone().filter(|u| !u.is_empty());
     println!(
         "exchange-demo: {} transmissions, {} workers × {} sends, partners fail {:.0}% of POSTs (retried); \
          a rolling restart at {:.0}%",
@@ -96,7 +71,7 @@ async fn main() -> Result<()> {
             }
             .await;
             pool.close().await;
-            if args.has("keep-db") {
+            if args.keep_db {
                 println!("kept the database {scratch}");
             } else {
                 sqlx::query(AssertSqlSafe(format!(
