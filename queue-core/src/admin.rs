@@ -65,10 +65,11 @@ impl JobFilter {
         }
     }
 
-    /// Adds a status to list.
+    /// Adds a status to list (kept sorted, so one set of statuses is one statement).
     pub fn status(mut self, status: JobStatus) -> Self {
         if !self.statuses.contains(&status) {
             self.statuses.push(status);
+            self.statuses.sort_by_key(|s| s.as_str());
         }
         self
     }
@@ -215,7 +216,9 @@ pub const RETRYABLE: [JobStatus; 3] = [JobStatus::Dead, JobStatus::Failed, JobSt
 /// implements it; the conformance suite (`admin` cases) is its executable specification.
 pub trait Admin: Backend {
     /// One page of this queue's jobs (see [`JobFilter`]): keyset-paginated on the id, never an
-    /// offset, so a page costs the same however deep it is.
+    /// offset. On PostgreSQL a page of failed, dead or cancelled jobs reads only those rows
+    /// (their own index); other listings walk the primary key backwards from the cursor and
+    /// read the rows of other queues and statuses on the way (see `docs/operations.md`).
     fn list_jobs(&self, filter: &JobFilter) -> impl Future<Output = Result<JobPage>> + Send;
 
     /// The job of this queue holding the unique key `key`, if one does.
@@ -251,9 +254,17 @@ pub trait Admin: Backend {
     /// Whether the queue is paused.
     fn control(&self) -> impl Future<Output = Result<QueueControl>> + Send;
 
-    /// The queues of this handle's store (a PostgreSQL table, a memory store) that hold jobs
-    /// or a pause, sorted by name.
+    /// The queues of this handle's store (a PostgreSQL table, a memory store) that have a
+    /// pending, running, failed, dead or cancelled job, or a pause, sorted by name.
     fn queues(&self) -> impl Future<Output = Result<Vec<QueueName>>> + Send;
+
+    /// Waits until no claim that started before this call is still running: a claim that
+    /// started before a pause committed read the queue as running and may still take jobs.
+    /// [`drain`] calls it after pausing. Backends whose claims see a pause at once (the memory
+    /// backend) return at once.
+    fn settle_claims(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// Reopens a job the operator saw in status `seen` ([`Admin::retry_in`]) and runs the hooks'
@@ -337,6 +348,7 @@ pub async fn drain<B: Admin>(
     poll: Duration,
 ) -> Result<DrainReport> {
     backend.pause().await?;
+    backend.settle_claims().await?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let stats = backend.stats(Duration::ZERO).await?;

@@ -27,6 +27,10 @@ impl Harness for Memory {
         self.0.import_legacy_in_flight(payload).await
     }
 
+    fn other_queue(&self, queue: queue_core::QueueName) -> MemoryBackend {
+        self.0.with_queue(queue)
+    }
+
     async fn teardown(&self) {}
 }
 

@@ -1,5 +1,5 @@
 //! Command lines of the example binaries: `exchange-worker`'s flags ([`WorkerArgs`], clap, every
-//! duration bounded), and a small `--name value` / `--flag` parser for the demo ([`Args`]).
+//! duration bounded), and `exchange-demo`'s ([`DemoArgs`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

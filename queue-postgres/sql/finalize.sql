@@ -8,9 +8,9 @@
 -- queue_core::Finalize), never here.
 --
 -- An outcome with an error also appends it to the job's history (errors), with the claim's
--- attempt and generation, the time and the holder's name, keeping the last {{history_len}} (one
--- is appended at a time, so dropping the first when full keeps it bounded) and the first
--- {{history_chars}} characters of each text.
+-- attempt and generation, the time and the holder's name, keeping the last {{history_len}} and the
+-- first {{history_chars}} characters of each text. A history that is not an array (edited by
+-- hand) starts again from empty rather than failing the write.
 --
 -- Guarantees: each row is a compare-and-set on (id, status = 'in_flight', claim_generation);
 -- the rows returned are the writes that applied, the rest were refused by the fence (Stale).
@@ -22,11 +22,12 @@ SET status = u.status,
         WHEN u.delay_secs IS NOT NULL THEN now() + make_interval(secs => u.delay_secs)
         ELSE j.next_attempt_at END,
     last_error = COALESCE(u.error, j.last_error),
-    errors = CASE WHEN u.error IS NULL THEN j.errors ELSE
-        (CASE WHEN jsonb_array_length(j.errors) >= {{history_len}} THEN j.errors - 0 ELSE j.errors END)
+    errors = CASE WHEN u.error IS NULL THEN j.errors ELSE jsonb_path_query_array(
+        (CASE WHEN jsonb_typeof(j.errors) = 'array' THEN j.errors ELSE '[]'::jsonb END)
         || jsonb_build_array(jsonb_build_object(
             'attempt', j.attempts, 'generation', j.claim_generation, 'at', now(),
-            'worker', j.claimed_by, 'outcome', u.kind, 'error', left(u.error, {{history_chars}})))
+            'worker', j.claimed_by, 'outcome', u.kind, 'error', left(u.error, {{history_chars}}))),
+        '$[last - {{history_last}} to last]')
     END,
     lease_expires_at = NULL,
     updated_at = now(),

@@ -26,5 +26,5 @@ ended(queue) AS (
 SELECT queue FROM pending WHERE queue IS NOT NULL
 UNION SELECT queue FROM running WHERE queue IS NOT NULL
 UNION SELECT queue FROM ended WHERE queue IS NOT NULL
-UNION SELECT queue FROM "{{table}}_queues"
+UNION SELECT queue FROM "{{table}}_queues" WHERE paused_at IS NOT NULL
 ORDER BY queue

@@ -486,8 +486,19 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         seen: JobStatus,
     ) -> queue_core::Result<RetryTarget> {
         let inner = &self.inner;
-        let target =
-            statement::retry::<D>(tx.conn(), &inner.sql, &inner.config.queue, id, seen).await?;
+        let queue = &inner.config.queue;
+        let mut target = statement::retry::<D>(tx.conn(), &inner.sql, queue, id, seen).await?;
+        // The statement's fallback read uses the snapshot it started with: after waiting for
+        // a concurrent change of the row (another retry, a purge), it can report the status
+        // the row had before. Read again, in a new statement, until the answer is current.
+        for _ in 0..3 {
+            match target {
+                RetryTarget::WrongState(status) if status == seen => {
+                    target = statement::retry::<D>(tx.conn(), &inner.sql, queue, id, seen).await?;
+                }
+                _ => break,
+            }
+        }
         if matches!(target, RetryTarget::Retried(_)) {
             // Idle workers hear of it when the transaction commits.
             self.notify_in(tx.conn()).await?;
@@ -529,6 +540,21 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
         Ok(statement::queues::<D>(D::pooled(&mut conn), &inner.sql).await?)
+    }
+
+    async fn settle_claims(&self) -> queue_core::Result<()> {
+        // Claims are single statements of milliseconds; one that runs for longer than this is
+        // stuck on something else, and the drain's own deadline takes over.
+        const LONGEST_WAIT: Duration = Duration::from_secs(10);
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        let since = statement::clock::<D>(D::pooled(&mut conn)).await?;
+        let started = tokio::time::Instant::now();
+        while statement::claims_running::<D>(D::pooled(&mut conn), since).await? > 0
+            && started.elapsed() < LONGEST_WAIT
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 }
 

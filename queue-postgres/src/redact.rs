@@ -19,10 +19,10 @@ pub const REDACTED: &str = "***";
 pub fn redact_url(url: &str) -> Cow<'_, str> {
     let mut out = match url.split_once("://") {
         Some((scheme, rest)) => {
-            // The authority ends at the first '/', '?' or '#'; its user information at its
-            // last '@' (a password may hold '@').
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            match rest[..end].rfind('@') {
+            // The user information ends at the last '@': a password may hold '@', '/', '?'
+            // or '#' (which a URL parser would take for the end of the authority). An '@' in
+            // the path or the query hides the host too: better too much than a password.
+            match rest.rfind('@') {
                 Some(at) => Cow::Owned(format!("{scheme}://{REDACTED}{}", &rest[at..])),
                 None => Cow::Borrowed(url),
             }
@@ -98,6 +98,13 @@ mod tests {
             ),
             ("password='s3 \\' cret' host=db", "password=*** host=db"),
             ("postgres://db/app", "postgres://db/app"),
+            ("postgres://ops:12#34@db/q", "postgres://***@db/q"),
+            ("postgres://ops:p?w@db/q", "postgres://***@db/q"),
+            ("postgres://ops:p/w@db/q", "postgres://***@db/q"),
+            (
+                "postgres://ops:a@b#c@db:5432/q?sslmode=require",
+                "postgres://***@db:5432/q?sslmode=require",
+            ),
             ("host=db mypassword=x", "host=db mypassword=x"),
         ] {
             assert_eq!(redact_url(url), expected, "{url}");

@@ -46,6 +46,7 @@ pub(crate) const PURGE: Template = template!("purge.sql");
 pub(crate) const PAUSE: Template = template!("pause.sql");
 pub(crate) const QUEUE_CONTROL: Template = template!("queue_control.sql");
 pub(crate) const QUEUES: Template = template!("queues.sql");
+pub(crate) const CLAIMS_RUNNING: Template = template!("claims_running.sql");
 pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
 pub(crate) const UPGRADE_LOCK: Template = template!("upgrade_lock.sql");
 pub(crate) const INDEX_STATE: Template = template!("index_state.sql");
@@ -178,12 +179,14 @@ pub(crate) fn for_table_with(
     };
     let history_len = queue_core::limits::ERROR_HISTORY_LEN.to_string();
     let history_chars = queue_core::limits::HISTORY_ERROR_CHARS.to_string();
+    let history_last = (queue_core::limits::ERROR_HISTORY_LEN - 1).to_string();
     let mut values = vec![
         ("table", table.as_str()),
         ("columns", columns.as_str()),
         ("queue_default", queue_default),
         ("history_len", history_len.as_str()),
         ("history_chars", history_chars.as_str()),
+        ("history_last", history_last.as_str()),
     ];
     values.extend_from_slice(extra);
     render(template, &values)
@@ -201,6 +204,12 @@ fn status_filter(statuses: &[JobStatus]) -> String {
         .map(|s| format!("'{}'", s.as_str()))
         .collect();
     format!("AND status IN ({})", list.join(", "))
+}
+
+/// The first line of `claim.sql`, which every running claim statement's text starts with
+/// (`claims_running.sql` finds them by it).
+pub(crate) fn claim_first_line() -> &'static str {
+    CLAIM.text.lines().next().unwrap_or_default()
 }
 
 /// The statements of one table, rendered once per queue handle.

@@ -423,11 +423,35 @@ pub(crate) async fn queues<D: Driver>(
         .collect()
 }
 
-/// A job's error history as stored (a JSON array written by `finalize.sql`).
-fn error_history(id: i64, errors: Value) -> Result<Vec<ErrorEntry>, PgError> {
-    serde_json::from_value(errors).map_err(|_| PgError::UnknownStatus {
-        id,
-        status: "an error history that is not a list of entries".to_owned(),
+/// The database's clock (`clock_timestamp()`: now, not the transaction's start).
+pub(crate) async fn clock<D: Driver>(conn: D::Conn<'_>) -> Result<DateTime<Utc>, PgError> {
+    let rows = D::query(conn, "SELECT clock_timestamp() AS now", &()).await?;
+    let row = rows.first().ok_or(PgError::NoRow { statement: "clock" })?;
+    get::<D, _>(row, "now")
+}
+
+/// `claims_running.sql`: claim statements still running that started before `since`.
+pub(crate) async fn claims_running<D: Driver>(
+    conn: D::Conn<'_>,
+    since: DateTime<Utc>,
+) -> Result<i64, PgError> {
+    let text = sql::render(sql::CLAIMS_RUNNING, &[])?;
+    let rows = D::query(conn, &text, &(since, sql::claim_first_line())).await?;
+    let row = rows.first().ok_or(PgError::NoRow {
+        statement: sql::CLAIMS_RUNNING.name,
+    })?;
+    get::<D, i64>(row, "running")
+}
+
+/// A job's error history as stored (a JSON array written by `finalize.sql`). A value edited by
+/// hand into something else reads as no history, entry by entry: the job stays readable.
+fn error_history(_id: i64, errors: Value) -> Result<Vec<ErrorEntry>, PgError> {
+    Ok(match errors {
+        Value::Array(entries) => entries
+            .into_iter()
+            .filter_map(|entry| serde_json::from_value(entry).ok())
+            .collect(),
+        _ => Vec::new(),
     })
 }
 

@@ -38,6 +38,10 @@ impl<D: TestDriver> Harness for Pg<D> {
         support::insert_legacy_in_flight(&self.db.pool, "queue_jobs", "default", payload).await
     }
 
+    fn other_queue(&self, queue: queue_core::QueueName) -> PostgresQueue<D> {
+        self.queue.for_queue(queue)
+    }
+
     async fn teardown(&self) {
         self.db.drop_db().await;
     }

@@ -38,7 +38,183 @@ per_driver!(
     an_enqueue_that_fails_inserts_nothing,
     a_database_error_names_the_servers_message_but_no_row_values,
     the_payload_limit_is_the_queues_own,
+    a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now,
+    a_hand_edited_error_history_does_not_stop_the_job,
+    drain_waits_for_a_claim_that_started_before_the_pause,
 );
+
+/// Ends the next claimable job with `action`.
+async fn end_next<D: TestDriver>(queue: &PostgresQueue<D>, action: Finalize) -> JobId {
+    let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_eq!(
+        queue.finalize(job.claim(), &action).await.unwrap(),
+        FinalizeOutcome::Applied
+    );
+    job.id
+}
+
+/// Two operators retry one dead job at once: one reopens it, the other is told it is pending
+/// now (the statement's own snapshot would still say dead).
+async fn a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now<D: TestDriver>() {
+    use queue_core::{Admin, RetryTarget};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    queue.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    let id = end_next(
+        &queue,
+        Finalize::Dead {
+            reason: "poison".into(),
+        },
+    )
+    .await;
+    let mut first = queue.begin().await.unwrap();
+    let won = queue
+        .retry_in(&mut first, id, JobStatus::Dead)
+        .await
+        .unwrap();
+    assert!(matches!(won, RetryTarget::Retried(_)));
+    let second = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            let mut tx = queue.begin().await.unwrap();
+            let target = queue.retry_in(&mut tx, id, JobStatus::Dead).await.unwrap();
+            tx.commit().await.unwrap();
+            target
+        })
+    };
+    // The second retry waits for the first one's row lock.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second retry never waited"
+        );
+        tokio::task::yield_now().await;
+    }
+    first.commit().await.unwrap();
+    assert_eq!(
+        second.await.unwrap(),
+        RetryTarget::WrongState(JobStatus::Pending)
+    );
+    db.drop_db().await;
+}
+
+/// An error history edited by hand into something that is not a list, or into more than ten
+/// entries: the job still fails, retries and reads, and its history is bounded again.
+async fn a_hand_edited_error_history_does_not_stop_the_job<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    let ids = queue
+        .enqueue_many((0..2).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    let (odd, long) = (ids[0].id, ids[1].id);
+    sqlx::query("UPDATE queue_jobs SET errors = '{\"a\": 1}' WHERE id = $1")
+        .bind(odd.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs SET errors = (SELECT jsonb_agg(jsonb_build_object('error', g))
+                                         FROM generate_series(1, 15) g) WHERE id = $1",
+    )
+    .bind(long.0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert!(queue.get(odd).await.unwrap().unwrap().errors.is_empty());
+    let jobs = queue.claim(req(2)).await.unwrap().jobs;
+    let retry = |error: &str| Finalize::Retry {
+        at: queue_core::RunAt::Now,
+        error: error.into(),
+    };
+    let items: Vec<(Claim, Finalize)> = jobs.iter().map(|j| (j.claim(), retry("again"))).collect();
+    let outcomes = queue.finalize_many(&items).await.unwrap();
+    assert_eq!(
+        outcomes,
+        [FinalizeOutcome::Applied, FinalizeOutcome::Applied]
+    );
+    let odd_errors = queue.get(odd).await.unwrap().unwrap().errors;
+    assert_eq!(
+        odd_errors.len(),
+        1,
+        "a history that was not a list starts again"
+    );
+    assert_eq!(odd_errors[0].error, "again");
+    let stored: Value = sqlx::query_scalar("SELECT errors FROM queue_jobs WHERE id = $1")
+        .bind(long.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.as_array().unwrap().len(),
+        10,
+        "bounded again: {stored}"
+    );
+    db.drop_db().await;
+}
+
+/// A claim that started before a pause committed may still take jobs: a drain waits for it, and
+/// reports the job it took as running instead of calling the queue drained.
+async fn drain_waits_for_a_claim_that_started_before_the_pause<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    queue.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    // Claims of this database take half a second: long enough to pause in the middle of one.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
+         CREATE TRIGGER slow_claim AFTER UPDATE ON queue_jobs
+             FOR EACH STATEMENT EXECUTE FUNCTION slow_claim();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let claiming = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.claim(req(1)).await.unwrap() })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'active'
+               AND query LIKE '-- The claim%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if running > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the claim never ran");
+        tokio::task::yield_now().await;
+    }
+    let report = queue_core::drain(&queue, Duration::ZERO, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        claiming.await.unwrap().jobs.len(),
+        1,
+        "the claim took its job"
+    );
+    assert_eq!(
+        (report.running, report.drained),
+        (1, false),
+        "the drain saw the claim's job"
+    );
+    db.drop_db().await;
+}
 
 /// The server process of a transaction's connection.
 async fn backend_pid<D: TestDriver>(tx: &mut queue_postgres::PostgresTx<D>) -> i32 {

@@ -48,6 +48,14 @@ pub enum CtlError {
     /// No database named.
     #[error("no database: pass --database-url or set DATABASE_URL")]
     NoDatabase,
+    /// The database URL does not parse (printed without its password).
+    #[error("the database URL {url} is not a postgres:// URL or connection string: {reason}")]
+    InvalidUrl {
+        /// The URL, redacted.
+        url: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// The database could not be reached (the URL is printed without its password).
     #[error("cannot reach the database at {url}: {source}")]
     Connect {
@@ -77,7 +85,9 @@ impl CtlError {
     /// The exit code of this error.
     pub fn exit(&self) -> Exit {
         match self {
-            CtlError::NoDatabase | CtlError::Invalid(_) => Exit::Usage,
+            CtlError::NoDatabase | CtlError::Invalid(_) | CtlError::InvalidUrl { .. } => {
+                Exit::Usage
+            }
             CtlError::NotConfirmed(_) => Exit::NotConfirmed,
             CtlError::Queue(queue_core::Error::Invalid(_) | queue_core::Error::Config(_)) => {
                 Exit::Usage
@@ -135,7 +145,14 @@ async fn connect(cli: &Cli) -> Result<PgPool> {
     };
     let options = url
         .parse::<sqlx::postgres::PgConnectOptions>()
-        .map_err(failed)?
+        .map_err(|err| CtlError::InvalidUrl {
+            url: redact_url(url).into_owned(),
+            // sqlx's parse errors name the part that failed, not the URL.
+            reason: match err {
+                sqlx::Error::Configuration(reason) => reason.to_string(),
+                other => other.to_string(),
+            },
+        })?
         .disable_statement_logging();
     // One connection first, so that a refused or unreachable database says why (a pool only
     // says that it timed out).
@@ -181,13 +198,18 @@ fn confirm(cli: &Cli, what: &str) -> Result<()> {
     }
 }
 
-/// Set by Ctrl-C; long commands stop between steps when it is.
+/// Set by the first Ctrl-C, after which long commands stop between steps; a second Ctrl-C
+/// ends the process at once (exit 130), a statement in flight or not.
 fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let set = flag.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             set.store(true, Ordering::SeqCst);
+            eprintln!("stopping after the current step (Ctrl-C again to stop at once)");
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(Exit::Interrupted as i32);
+            }
         }
     });
     flag
@@ -260,7 +282,10 @@ async fn upgrade_legacy(
             () = tokio::time::sleep(Duration::from_millis(100)) => {
                 if interrupted.load(Ordering::SeqCst) {
                     bar.abandon();
-                    eprintln!("interrupted: every phase can run again; run the same command to resume");
+                    eprintln!(
+                        "interrupted: a statement in flight may finish on the server (an index \
+                         build); every phase can run again: run the same command to resume"
+                    );
                     return Ok(Exit::Interrupted);
                 }
             }
@@ -311,6 +336,13 @@ async fn queue_command(
     let queue = open(cli, pool).await?;
     match command {
         QueueCommand::Pause => {
+            if !queue.queues().await?.contains(&cli.queue) {
+                eprintln!(
+                    "warning: queue {} has no pending, running or failed job in {}: paused all \
+                     the same (is the name right?)",
+                    cli.queue, cli.table
+                );
+            }
             let control = queue.pause().await?;
             out.done(
                 &format!("queue {} paused", cli.queue),
@@ -394,7 +426,7 @@ where
                 Ok(Exit::Done)
             }
             None => {
-                eprintln!("job {id} not found in queue {}", cli.queue);
+                out.not_found(&format!("job {id} not found in queue {}", cli.queue))?;
                 Ok(Exit::NotFound)
             }
         },
@@ -404,7 +436,10 @@ where
                 Ok(Exit::Done)
             }
             None => {
-                eprintln!("no job of queue {} holds that unique key", cli.queue);
+                out.not_found(&format!(
+                    "no job of queue {} holds that unique key",
+                    cli.queue
+                ))?;
                 Ok(Exit::NotFound)
             }
         },
@@ -412,7 +447,10 @@ where
             let state: JobStatus = args.state.expect("clap requires --state with --all").into();
             retry_all(cli, &queue, out, hooks, state).await
         }
-        JobsCommand::Retry(args) => retry_ids(&queue, out, hooks, &args.ids).await,
+        JobsCommand::Retry(args) => {
+            let expected = args.state.map(JobStatus::from);
+            retry_ids(&queue, out, hooks, &args.ids, expected).await
+        }
         JobsCommand::Cancel { ids } => {
             confirm(
                 cli,
@@ -436,15 +474,28 @@ async fn retry_ids<P>(
     out: &Out,
     hooks: &Hooks<PgTx, P>,
     ids: &[i64],
+    expected: Option<JobStatus>,
 ) -> Result<Exit>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     let mut results = Vec::new();
     for &id in ids {
-        results.push(retry_one(queue, hooks, id, None).await?);
+        match retry_one(queue, hooks, id, expected).await {
+            Ok(result) => results.push(result),
+            Err(err) => return partial(out, &results, err),
+        }
     }
     output::items(out, &results)
+}
+
+/// Prints what was done before `err` stopped a command on several jobs, then fails with it.
+fn partial(out: &Out, results: &[ItemResult], err: CtlError) -> Result<Exit> {
+    if !results.is_empty() {
+        eprintln!("done before the error:");
+        output::items(out, results)?;
+    }
+    Err(err)
 }
 
 /// Retries job `id`, guarded on the state it is seen in now (or on `expected`).
@@ -524,12 +575,18 @@ where
     let mut results = Vec::new();
     let mut filter = JobFilter::new().status(state).limit(200);
     'pages: loop {
-        let page = queue.list_jobs(&filter).await?;
+        let page = match queue.list_jobs(&filter).await {
+            Ok(page) => page,
+            Err(err) => return partial(out, &results, err.into()),
+        };
         for job in &page.jobs {
             if interrupted.load(Ordering::SeqCst) {
                 break 'pages;
             }
-            results.push(retry_one(queue, hooks, job.id.0, Some(state)).await?);
+            match retry_one(queue, hooks, job.id.0, Some(state)).await {
+                Ok(result) => results.push(result),
+                Err(err) => return partial(out, &results, err),
+            }
             bar.inc(1);
         }
         match page.next {
@@ -579,7 +636,7 @@ where
             Err(queue_core::Error::Hook { hook, source }) => {
                 item("refused", format!("hook {hook}: {source}"), Exit::Refused)
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return partial(out, &results, err.into()),
         });
     }
     output::items(out, &results)

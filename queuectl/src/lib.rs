@@ -23,7 +23,8 @@
 //! bad value; 3 a job not found; 4 refused, nothing changed (a job in another state, a hook's
 //! refusal); 5 not confirmed (a destructive command without `--yes` and no terminal to ask);
 //! 6 timed out (a drain with jobs still running); 130 interrupted (Ctrl-C), after what was done
-//! so far.
+//! so far. With `--json`, stdout holds one JSON document whatever the outcome (an error is
+//! `{"error": …, "exit": …}`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -127,6 +128,7 @@ where
         Ok(exit) => exit,
         Err(err) => {
             eprintln!("error: {err}");
+            output::Out::error(cli.json, &err);
             err.exit()
         }
     }

@@ -37,6 +37,26 @@ impl Out {
         Ok(())
     }
 
+    /// A job that is not there: the message on stderr, and with `--json` a document on stdout.
+    pub(crate) fn not_found(&self, text: &str) -> Result<(), CtlError> {
+        eprintln!("{text}");
+        if self.json {
+            self.done(
+                text,
+                &json!({ "error": text, "exit": Exit::NotFound as u8 }),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A failed command: with `--json`, a document on stdout as well as the message on stderr.
+    pub(crate) fn error(json: bool, err: &CtlError) {
+        if json {
+            let document = json!({ "error": err.to_string(), "exit": err.exit() as u8 });
+            println!("{document}");
+        }
+    }
+
     fn table(&self, table: Table, document: &Value) -> Result<(), CtlError> {
         let text = table.to_string();
         self.done(&text, document)

@@ -377,6 +377,51 @@ async fn bad_input_gets_a_clear_message_and_changes_nothing() {
     );
     let (code, _) = run(ctl(&db).args(["jobs", "show", "424242"]));
     assert_eq!(code, Some(3));
+    // With --json, stdout holds one document whatever the outcome.
+    let missing = json_of(&db, &["jobs", "show", "424242"], 3);
+    assert_eq!(missing["exit"], 3);
+    let down = json_of(
+        &db,
+        &[
+            "--database-url",
+            "postgres://ops:pw@127.0.0.1:1/queues",
+            "status",
+        ],
+        1,
+    );
+    assert!(
+        down["error"].as_str().unwrap().contains("cannot reach"),
+        "{down}"
+    );
+    // Passwords holding '#', '?' or '/' are not printed either, whether the URL parses or not.
+    for url in [
+        "postgres://ops:12#34@127.0.0.1:1/queues",
+        "postgres://ops:p?w3rd@127.0.0.1:1/queues",
+        "postgres://ops:p/w3rd@127.0.0.1:1/queues",
+        "postgres://ops:s3cret@127.0.0.1:notaport/queues",
+    ] {
+        let (code, stderr) = run(ctl(&db).args(["--database-url", url, "status"]));
+        assert!(
+            matches!(code, Some(1) | Some(2)),
+            "{url}: {code:?} {stderr}"
+        );
+        for secret in ["12#34", "p?w3rd", "p/w3rd", "s3cret"] {
+            assert!(
+                !stderr.contains(secret),
+                "{url}: the password leaked: {stderr}"
+            );
+        }
+    }
+    let (code, stderr) = run(ctl(&db).args([
+        "--database-url",
+        "postgres://ops:s3cret@127.0.0.1:notaport/queues",
+        "status",
+    ]));
+    assert_eq!(
+        code,
+        Some(2),
+        "a URL that does not parse is a bad value: {stderr}"
+    );
     let (code, stderr) = run(ctl(&db).args(["purge", "--older-than", "soon", "--state", "dead"]));
     assert_eq!(code, Some(2));
     assert!(stderr.contains("--older-than"), "{stderr}");

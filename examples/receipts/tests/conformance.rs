@@ -54,6 +54,10 @@ impl Harness for ReceiptJobs {
         JobId(id)
     }
 
+    fn other_queue(&self, queue: QueueName) -> PgQueue {
+        self.queue.for_queue(queue)
+    }
+
     async fn teardown(&self) {
         self.db.drop_db().await;
     }

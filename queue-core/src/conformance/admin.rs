@@ -381,11 +381,19 @@ cases! {
         assert_eq!((report.running, report.stranded, report.drained), (0, 1, true));
     }
 
-    /// The store lists the queues that have work or a pause.
+    /// The store lists the queues that have work or a pause, not one that was paused and
+    /// resumed with nothing in it.
     pub async fn queues_lists_those_with_work_or_a_pause<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         enqueue(b, 1).await;
         let queues = b.queues().await.unwrap();
-        assert!(queues.contains(b.queue()), "{queues:?}");
+        assert_eq!(queues, [b.queue().clone()]);
+        // A handle on another queue of the same store: paused, it is listed; resumed, not.
+        let other = h.other_queue(crate::types::QueueName::new("conformance-other").unwrap());
+        other.pause().await.unwrap();
+        let queues = b.queues().await.unwrap();
+        assert!(queues.contains(other.queue()), "{queues:?}");
+        other.resume().await.unwrap();
+        assert_eq!(b.queues().await.unwrap(), [b.queue().clone()]);
     }
 }

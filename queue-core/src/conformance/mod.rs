@@ -105,6 +105,10 @@ pub trait Harness: Send + Sync + Sized + 'static {
     /// an hour ago: what a pre-lease release leaves behind.
     fn insert_legacy_in_flight(&self, payload: Value) -> impl Future<Output = JobId> + Send;
 
+    /// A handle on another queue of the same store (a memory store's `with_queue`, a table's
+    /// other queue).
+    fn other_queue(&self, queue: crate::types::QueueName) -> Self::Backend;
+
     /// Releases what `setup` created. Runs even when the case failed.
     fn teardown(&self) -> impl Future<Output = ()> + Send;
 }

@@ -81,8 +81,9 @@ async fn main() -> Result<()> {
         None => None,
     };
 
+    // A connection per running send and its hook, and one for claims and outcomes.
     let pool = PgPoolOptions::new()
-        .max_connections((config.concurrency as u32).clamp(2, 32))
+        .max_connections((config.concurrency as u32 + 2).clamp(3, 64))
         .connect(&url)
         .await
         .context("connecting to the database")?;
@@ -98,8 +99,13 @@ async fn main() -> Result<()> {
     )?
     .hooks(store.hooks())
     .start();
-    // Ready once the schema check passed (connect) and the worker runs.
-    let readiness = queue_examples::ops::Readiness::new(store.pool().clone());
+    // Ready once the schema check passed (connect) and the worker runs. The probe has a
+    // connection of its own: a pool busy with sends is not a database that does not answer.
+    let probe = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy(&url)
+        .context("the readiness probe's connection")?;
+    let readiness = queue_examples::ops::Readiness::new(probe);
     if let (Some(addr), Some(metrics)) = (args.metrics_addr, metrics) {
         queue_examples::ops::serve(addr, metrics, readiness.clone())
             .await

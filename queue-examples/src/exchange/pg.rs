@@ -126,13 +126,19 @@ FROM exchange_transactions WHERE id = $1
 RETURNING id
 "#;
 
-/// The transaction of a send job, its status, and whether the job is the transaction's latest
-/// (an operator may reopen only that one: the others were superseded by a retry). `$1` job.
+/// The transaction of a send job, locked, its status, and whether the job is the
+/// transaction's latest (an operator may reopen only that one: the others were superseded by a
+/// retry). The lock comes first: a concurrent `retry_failed_transaction` (which restages a
+/// send job under the same lock) finishes before "latest" is judged. `$1` job.
 const REOPEN_TARGET: &str = r#"
+WITH t AS (
+    SELECT t.id, t.status FROM exchange_transactions AS t
+    WHERE t.id = (SELECT transaction_id FROM exchange_send_jobs WHERE id = $1)
+    FOR UPDATE
+)
 SELECT t.id, t.status,
-       j.id = (SELECT max(id) FROM exchange_send_jobs WHERE transaction_id = t.id) AS latest
-FROM exchange_send_jobs AS j JOIN exchange_transactions AS t ON t.id = j.transaction_id
-WHERE j.id = $1
+       $1 = (SELECT max(id) FROM exchange_send_jobs WHERE transaction_id = t.id) AS latest
+FROM t
 "#;
 
 /// A reopened send job carries its transaction's transmission again (its key may have been
