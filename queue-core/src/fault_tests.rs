@@ -402,6 +402,59 @@ async fn a_prefetched_long_job_taken_over_while_buffered_never_starts() {
     );
 }
 
+/// A prefetched long job whose cancel an operator requested while it waited in the buffer is
+/// not started: the fenced renewal before its start reports the request, and the worker ends it
+/// cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_prefetched_long_job_cancelled_while_buffered_ends_without_running() {
+    let queue = MemoryBackend::new();
+    for n in 0..2 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let handler = LongGated {
+        started: started.clone(),
+        open: open.clone(),
+    };
+    let config = WorkerConfig {
+        concurrency: 1,
+        prefetch: 1,
+        max_batch: 2,
+        lease: Lease::from_secs(60).unwrap(),
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    started.notified().await;
+    assert_eq!(worker.stats().claimed, 2, "one running, one buffered");
+    let buffered = JobId(2);
+    // It waits in the buffer a while, and an operator cancels it there.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        queue.cancel(buffered).await.unwrap(),
+        crate::types::CancelOutcome::Requested
+    );
+    open.notify_one();
+    worker
+        .wait_for_timeout(Duration::from_secs(30), |s| {
+            s.completed == 1 && s.cancelled == 1
+        })
+        .await
+        .expect("the first completes and the buffered one is cancelled");
+    let stats = worker.stats();
+    worker.shutdown().await.unwrap();
+    assert_eq!(stats.started, 1, "the cancelled job started anyway");
+    let row = queue.get(buffered).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some(crate::CANCEL_REQUESTED_MESSAGE)
+    );
+}
+
 /// The renewal before a prefetched long job starts that never answers (a row lock held by an
 /// open transaction, a black hole) holds that job's slot for a sixth of the lease, then the job
 /// is given back; it never holds the dispatcher, and shutdown keeps its deadline.

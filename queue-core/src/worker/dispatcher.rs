@@ -261,9 +261,10 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
 }
 
 /// Whether a buffered job may start. A job without heartbeats needs its timeout's worth of
-/// lease left, or it is released. A long job whose lease has run down by a third first
-/// renews it with a fenced heartbeat: if another worker took it over meanwhile, it does not
-/// run here.
+/// lease left, or it is released. A long job that waited in the buffer (more than a hundredth
+/// of its lease) first renews it with a fenced heartbeat: if another worker took it over
+/// meanwhile, it does not run here, and if an operator asked to cancel it meanwhile, it ends
+/// cancelled without running.
 async fn still_held<B: Backend, H: Handler>(
     shared: &Shared<B, H>,
     job: &ClaimedJob,
@@ -280,7 +281,8 @@ async fn still_held<B: Backend, H: Handler>(
         shared.finalizer.release(job, reason, clock.expires()).await;
         return false;
     }
-    if clock.left() >= lease * 2 / 3 {
+    if clock.left() >= lease - lease / 100 {
+        // Started as it was claimed: the claim itself reported a cancel request.
         return true;
     }
     let sent = Instant::now();
