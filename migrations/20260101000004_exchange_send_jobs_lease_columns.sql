@@ -23,7 +23,9 @@ ALTER TABLE "exchange_send_jobs"
     ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]';
 
 CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
-    queue      text        PRIMARY KEY,
-    paused_at  timestamptz,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    queue         text        PRIMARY KEY,
+    paused_at     timestamptz,
+    stale_fences  bigint      NOT NULL DEFAULT 0,
+    last_stale_at timestamptz,
+    updated_at    timestamptz NOT NULL DEFAULT now()
 );

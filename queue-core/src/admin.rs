@@ -134,11 +134,25 @@ pub enum RetryTarget {
     WrongState(JobStatus),
 }
 
-/// Whether a queue is paused ([`Admin::pause`]).
+/// Whether a queue is paused ([`Admin::pause`]), and the stale fences its workers met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueControl {
     /// Since when the queue is paused, by the store's clock; `None` when it runs.
     pub paused_at: Option<DateTime<Utc>>,
+    /// Outcomes of this queue's workers refused by the fence, since the store began counting
+    /// ([`Backend::record_stale`]).
+    pub stale_fences: u64,
+    /// When the last of them was recorded.
+    pub last_stale_at: Option<DateTime<Utc>>,
+}
+
+/// The jobs of a queue that ended in one minute ([`Admin::throughput`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinuteCounts {
+    /// The minute's start, by the store's clock.
+    pub minute: DateTime<Utc>,
+    /// The jobs that ended in it, by status.
+    pub finished: crate::types::FinishedCounts,
 }
 
 impl QueueControl {
@@ -257,6 +271,13 @@ pub trait Admin: Backend {
     /// The queues of this handle's store (a PostgreSQL table, a memory store) that have a
     /// pending, running, failed, dead or cancelled job, or a pause, sorted by name.
     fn queues(&self) -> impl Future<Output = Result<Vec<QueueName>>> + Send;
+
+    /// A handle on another queue of the same store, sharing its connections.
+    fn for_queue(&self, queue: QueueName) -> Self;
+
+    /// The jobs that ended in each of the last `minutes` minutes (the current one included),
+    /// oldest first, one entry per minute (zeros included), at most 1 440.
+    fn throughput(&self, minutes: u32) -> impl Future<Output = Result<Vec<MinuteCounts>>> + Send;
 
     /// Waits until no claim that started before this call is still running: a claim that
     /// started before a pause committed read the queue as running and may still take jobs.

@@ -144,6 +144,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// expired or ending within `window`, jobs ended in the last hour.
     fn stats(&self, window: Duration) -> impl Future<Output = Result<QueueStats>> + Send;
 
+    /// Counts `count` outcomes of this queue's workers that the fence refused, for operators
+    /// ([`crate::QueueControl::stale_fences`]). Best effort: the worker calls it after the
+    /// fact and ignores its failure. Counts nothing by default.
+    fn record_stale(&self, count: u64) -> impl Future<Output = Result<()>> + Send {
+        let _ = count;
+        async { Ok(()) }
+    }
+
     /// A signal the backend fires when new work may be available (an in-process enqueue, a
     /// PostgreSQL `NOTIFY`). Workers wait on it as well as on their poll interval. `None` means
     /// polling only.

@@ -78,8 +78,8 @@ mod runtime_tests;
 pub mod conformance;
 
 pub use admin::{
-    Admin, DrainReport, JobFilter, JobPage, MAX_PAGE, PurgeRequest, QueueControl, RETRYABLE,
-    RetryTarget, drain, purge, retry_with_hooks,
+    Admin, DrainReport, JobFilter, JobPage, MAX_PAGE, MinuteCounts, PurgeRequest, QueueControl,
+    RETRYABLE, RetryTarget, drain, purge, retry_with_hooks,
 };
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};

@@ -59,6 +59,19 @@ struct State {
     unique: HashMap<(String, String), i64>,
     /// Paused queues, with when they were paused.
     paused: HashMap<String, DateTime<Utc>>,
+    /// Stale fences per queue: how many, and the last one's time.
+    stale: HashMap<String, (u64, DateTime<Utc>)>,
+}
+
+impl State {
+    fn control(&self, queue: &str) -> crate::admin::QueueControl {
+        let stale = self.stale.get(queue);
+        crate::admin::QueueControl {
+            paused_at: self.paused.get(queue).copied(),
+            stale_fences: stale.map_or(0, |(n, _)| *n),
+            last_stale_at: stale.map(|(_, at)| *at),
+        }
+    }
 }
 
 impl State {
@@ -729,6 +742,18 @@ impl Backend for MemoryBackend {
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         Some(self.store.wake.clone())
     }
+
+    async fn record_stale(&self, count: u64) -> Result<()> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        let entry = state
+            .stale
+            .entry(self.queue.as_str().to_owned())
+            .or_insert((0, now));
+        entry.0 += count;
+        entry.1 = now;
+        Ok(())
+    }
 }
 
 impl crate::admin::Admin for MemoryBackend {
@@ -813,34 +838,59 @@ impl crate::admin::Admin for MemoryBackend {
     async fn pause(&self) -> Result<crate::admin::QueueControl> {
         let now = self.now();
         let mut state = self.store.state.lock().await;
-        let paused_at = *state
+        state
             .paused
             .entry(self.queue.as_str().to_owned())
             .or_insert(now);
+        let control = state.control(self.queue.as_str());
         drop(state);
         crate::events::queue_paused(&self.queue, true);
-        Ok(crate::admin::QueueControl {
-            paused_at: Some(paused_at),
-        })
+        Ok(control)
     }
 
     async fn resume(&self) -> Result<crate::admin::QueueControl> {
-        self.store
-            .state
-            .lock()
-            .await
-            .paused
-            .remove(self.queue.as_str());
+        let mut state = self.store.state.lock().await;
+        state.paused.remove(self.queue.as_str());
+        let control = state.control(self.queue.as_str());
+        drop(state);
         crate::events::queue_paused(&self.queue, false);
         self.wake();
-        Ok(crate::admin::QueueControl { paused_at: None })
+        Ok(control)
     }
 
     async fn control(&self) -> Result<crate::admin::QueueControl> {
+        Ok(self.store.state.lock().await.control(self.queue.as_str()))
+    }
+
+    fn for_queue(&self, queue: QueueName) -> Self {
+        self.with_queue(queue)
+    }
+
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::admin::MinuteCounts>> {
+        use chrono::{DurationRound, TimeDelta};
+        let minutes = minutes.clamp(1, 1_440);
+        let now = self.now();
+        let current = now.duration_trunc(TimeDelta::minutes(1)).unwrap_or(now);
+        let first = current - TimeDelta::minutes(i64::from(minutes) - 1);
+        let mut out: Vec<crate::admin::MinuteCounts> = (0..minutes)
+            .map(|i| crate::admin::MinuteCounts {
+                minute: first + TimeDelta::minutes(i64::from(i)),
+                finished: crate::types::FinishedCounts::default(),
+            })
+            .collect();
         let state = self.store.state.lock().await;
-        Ok(crate::admin::QueueControl {
-            paused_at: state.paused.get(self.queue.as_str()).copied(),
-        })
+        for job in state
+            .jobs
+            .values()
+            .filter(|j| j.queue == self.queue.as_str())
+        {
+            let Some(at) = job.finished_at.filter(|at| *at >= first) else {
+                continue;
+            };
+            let slot = ((at - first).num_minutes()).clamp(0, i64::from(minutes) - 1) as usize;
+            out[slot].finished.add(job.status, 1);
+        }
+        Ok(out)
     }
 
     async fn queues(&self) -> Result<Vec<QueueName>> {

@@ -32,7 +32,9 @@ ALTER TABLE "{{table}}"
 
 -- The queue controls (pauses), a table of their own: creating it takes no lock on the job table.
 CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
-    queue      text        PRIMARY KEY,
-    paused_at  timestamptz,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    queue         text        PRIMARY KEY,
+    paused_at     timestamptz,
+    stale_fences  bigint      NOT NULL DEFAULT 0,
+    last_stale_at timestamptz,
+    updated_at    timestamptz NOT NULL DEFAULT now()
 )

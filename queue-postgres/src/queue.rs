@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BackendTx, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
-    FinalizeOutcome, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease, NewJob,
-    PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats, RetryTarget,
+    FinalizeOutcome, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease,
+    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
+    RetryTarget,
 };
 use tokio::sync::Notify;
 
@@ -90,28 +91,6 @@ impl<D: Driver> PostgresQueue<D> {
                 _listener: listener,
             }),
         })
-    }
-
-    /// A handle on another queue of the same table, sharing the pool and the statements; it
-    /// keeps no `LISTEN` connection (its workers poll, or use a handle of their own), so it
-    /// suits admin tools that visit every queue of a table.
-    pub fn for_queue(&self, queue: QueueName) -> Self {
-        let inner = &self.inner;
-        PostgresQueue {
-            inner: Arc::new(Inner {
-                pool: inner.pool.clone(),
-                config: PgQueueConfig {
-                    queue,
-                    listen: false,
-                    ..inner.config.clone()
-                },
-                sql: inner.sql.clone(),
-                quoted_table: inner.quoted_table.clone(),
-                channel: inner.channel.clone(),
-                wake: Arc::new(Notify::new()),
-                _listener: None,
-            }),
-        }
     }
 
     /// The pool.
@@ -384,6 +363,14 @@ impl<D: Driver> Backend for PostgresQueue<D> {
     fn wake_signal(&self) -> Option<Arc<Notify>> {
         self.inner.config.listen.then(|| self.inner.wake.clone())
     }
+
+    async fn record_stale(&self, count: u64) -> queue_core::Result<()> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        statement::record_stale::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, count)
+            .await?;
+        Ok(())
+    }
 }
 
 /// A transaction of the PostgreSQL backend: the finalize's fenced write and its hooks' writes
@@ -531,15 +518,47 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
     async fn control(&self) -> queue_core::Result<QueueControl> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        let paused_at =
-            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
-        Ok(QueueControl { paused_at })
+        Ok(statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?)
     }
 
     async fn queues(&self) -> queue_core::Result<Vec<QueueName>> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
         Ok(statement::queues::<D>(D::pooled(&mut conn), &inner.sql).await?)
+    }
+
+    /// A handle on another queue of the same table, sharing the pool and the statements; it
+    /// keeps no `LISTEN` connection (its workers poll, or use a handle of their own), so it
+    /// suits admin tools that visit every queue of a table.
+    fn for_queue(&self, queue: QueueName) -> Self {
+        let inner = &self.inner;
+        PostgresQueue {
+            inner: Arc::new(Inner {
+                pool: inner.pool.clone(),
+                config: PgQueueConfig {
+                    queue,
+                    listen: false,
+                    ..inner.config.clone()
+                },
+                sql: inner.sql.clone(),
+                quoted_table: inner.quoted_table.clone(),
+                channel: inner.channel.clone(),
+                wake: Arc::new(Notify::new()),
+                _listener: None,
+            }),
+        }
+    }
+
+    async fn throughput(&self, minutes: u32) -> queue_core::Result<Vec<MinuteCounts>> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(statement::throughput::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            minutes,
+        )
+        .await?)
     }
 
     async fn settle_claims(&self) -> queue_core::Result<()> {
@@ -564,7 +583,7 @@ impl<D: Driver> PostgresQueue<D> {
     async fn set_paused(&self, paused: bool) -> queue_core::Result<QueueControl> {
         let inner = &self.inner;
         let mut tx = D::begin(&inner.pool).await?;
-        let paused_at =
+        let control =
             statement::pause::<D>(D::in_tx(&mut tx), &inner.sql, &inner.config.queue, paused)
                 .await?;
         if !paused {
@@ -578,6 +597,6 @@ impl<D: Driver> PostgresQueue<D> {
         }
         D::commit(tx).await?;
         queue_core::events::queue_paused(&inner.config.queue, paused);
-        Ok(QueueControl { paused_at })
+        Ok(control)
     }
 }

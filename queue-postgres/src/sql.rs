@@ -46,6 +46,8 @@ pub(crate) const PURGE: Template = template!("purge.sql");
 pub(crate) const PAUSE: Template = template!("pause.sql");
 pub(crate) const QUEUE_CONTROL: Template = template!("queue_control.sql");
 pub(crate) const QUEUES: Template = template!("queues.sql");
+pub(crate) const RECORD_STALE: Template = template!("record_stale.sql");
+pub(crate) const THROUGHPUT: Template = template!("throughput.sql");
 pub(crate) const CLAIMS_RUNNING: Template = template!("claims_running.sql");
 pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
 pub(crate) const UPGRADE_LOCK: Template = template!("upgrade_lock.sql");
@@ -231,6 +233,8 @@ pub(crate) struct Sql {
     pub(crate) pause: Arc<str>,
     pub(crate) queue_control: Arc<str>,
     pub(crate) queues: Arc<str>,
+    pub(crate) record_stale: Arc<str>,
+    pub(crate) throughput: Arc<str>,
     table: TableName,
 }
 
@@ -254,6 +258,8 @@ impl Sql {
             pause: r(PAUSE)?,
             queue_control: r(QUEUE_CONTROL)?,
             queues: r(QUEUES)?,
+            record_stale: r(RECORD_STALE)?,
+            throughput: r(THROUGHPUT)?,
             table: table.clone(),
         })
     }

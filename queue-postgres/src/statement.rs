@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use queue_core::{
     CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, ErrorEntry,
     Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord, JobStatus,
-    Lease, NewJob, PurgeRequest, QueueCounts, QueueName, QueueStats, RetryTarget,
+    Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
+    RetryTarget,
 };
 use serde_json::Value;
 
@@ -384,18 +385,18 @@ pub(crate) async fn purge<D: Driver>(
     Ok(get::<D, i64>(row, "deleted")?.max(0) as u64)
 }
 
-/// `pause.sql`: pauses (`true`) or resumes the queue; returns `paused_at` after the change.
+/// `pause.sql`: pauses (`true`) or resumes the queue; returns its controls after the change.
 pub(crate) async fn pause<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     paused: bool,
-) -> Result<Option<DateTime<Utc>>, PgError> {
+) -> Result<QueueControl, PgError> {
     let rows = D::query(conn, &sql.pause, &(queue.as_str(), paused)).await?;
     let row = rows.first().ok_or(PgError::NoRow {
         statement: "pause.sql",
     })?;
-    get::<D, _>(row, "paused_at")
+    queue_control::<D>(row)
 }
 
 /// `queue_control.sql`.
@@ -403,12 +404,57 @@ pub(crate) async fn control<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
-) -> Result<Option<DateTime<Utc>>, PgError> {
+) -> Result<QueueControl, PgError> {
     let rows = D::query(conn, &sql.queue_control, &(queue.as_str(),)).await?;
     match rows.first() {
-        Some(row) => get::<D, _>(row, "paused_at"),
-        None => Ok(None),
+        Some(row) => queue_control::<D>(row),
+        None => Ok(QueueControl::default()),
     }
+}
+
+fn queue_control<D: Driver>(row: &D::Row) -> Result<QueueControl, PgError> {
+    Ok(QueueControl {
+        paused_at: get::<D, _>(row, "paused_at")?,
+        stale_fences: get::<D, i64>(row, "stale_fences")?.max(0) as u64,
+        last_stale_at: get::<D, _>(row, "last_stale_at")?,
+    })
+}
+
+/// `record_stale.sql`.
+pub(crate) async fn record_stale<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    count: u64,
+) -> Result<(), PgError> {
+    let count = i64::try_from(count).unwrap_or(i64::MAX);
+    D::execute(conn, &sql.record_stale, &(queue.as_str(), count)).await?;
+    Ok(())
+}
+
+/// `throughput.sql`.
+pub(crate) async fn throughput<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    minutes: u32,
+) -> Result<Vec<MinuteCounts>, PgError> {
+    let minutes = i32::try_from(minutes.clamp(1, 1_440)).unwrap_or(1_440);
+    let rows = D::query(conn, &sql.throughput, &(queue.as_str(), minutes)).await?;
+    rows.iter()
+        .map(|row| {
+            let n = |column| get::<D, i64>(row, column).map(|n| n.max(0) as u64);
+            Ok(MinuteCounts {
+                minute: get::<D, _>(row, "minute")?,
+                finished: FinishedCounts {
+                    completed: n("completed")?,
+                    failed: n("failed")?,
+                    dead: n("dead")?,
+                    cancelled: n("cancelled")?,
+                },
+            })
+        })
+        .collect()
 }
 
 /// `queues.sql`.

@@ -39,7 +39,7 @@ impl<D: TestDriver> Harness for Pg<D> {
     }
 
     fn other_queue(&self, queue: queue_core::QueueName) -> PostgresQueue<D> {
-        self.queue.for_queue(queue)
+        queue_core::Admin::for_queue(&self.queue, queue)
     }
 
     async fn teardown(&self) {

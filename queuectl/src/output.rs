@@ -142,6 +142,10 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             finished.failed.to_string(),
             finished.dead.to_string(),
             finished.cancelled.to_string(),
+            match control.last_stale_at {
+                Some(at) => format!("{} (last {})", control.stale_fences, at.format("%H:%M:%S")),
+                None => "0".to_owned(),
+            },
         ]);
         documents.push(json!({
             "queue": name.as_str(),
@@ -154,6 +158,8 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             "lease_expired": stats.lease_expired,
             "lease_expiring": stats.lease_expiring,
             "lag_seconds": stats.oldest_due_wait.map(|d| d.as_secs_f64()),
+            "stale_fences": control.stale_fences,
+            "last_stale_at": control.last_stale_at,
             "finished_last_hour": {
                 "completed": finished.completed,
                 "failed": finished.failed,

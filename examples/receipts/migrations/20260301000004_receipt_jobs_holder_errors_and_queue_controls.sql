@@ -6,8 +6,9 @@
 -- fail, retry, cancel and dead outcome it applies. Both come with constant defaults, so adding
 -- them rewrites no row.
 --
--- "receipt_jobs_queues" holds one row per queue an operator paused: while paused_at is set, no
--- claim takes a job of that queue. The failed index serves the operator's listing of failed,
+-- "receipt_jobs_queues" holds one row per queue an operator paused or whose workers met a stale
+-- fence: while paused_at is set, no claim takes a job of that queue; stale_fences counts the
+-- outcomes its workers wrote after losing the job (the fence refused them), for operators. The failed index serves the operator's listing of failed,
 -- dead and cancelled jobs, newest first: it holds those rows only, so workers never write to it
 -- on the hot path.
 
@@ -16,9 +17,11 @@ ALTER TABLE "receipt_jobs"
     ADD COLUMN IF NOT EXISTS errors     jsonb NOT NULL DEFAULT '[]';
 
 CREATE TABLE IF NOT EXISTS "receipt_jobs_queues" (
-    queue      text        PRIMARY KEY,
-    paused_at  timestamptz,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    queue         text        PRIMARY KEY,
+    paused_at     timestamptz,
+    stale_fences  bigint      NOT NULL DEFAULT 0,
+    last_stale_at timestamptz,
+    updated_at    timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE INDEX IF NOT EXISTS "receipt_jobs_failed_idx"

@@ -55,7 +55,7 @@ impl Harness for ReceiptJobs {
     }
 
     fn other_queue(&self, queue: QueueName) -> PgQueue {
-        self.queue.for_queue(queue)
+        queue_core::Admin::for_queue(&self.queue, queue)
     }
 
     async fn teardown(&self) {

@@ -62,6 +62,21 @@ impl<Tx: Send, P: Sync> FinalizeHook<Tx, P> for Reopened {
     }
 }
 
+/// Holds its job until told to finish.
+struct Held {
+    started: Arc<tokio::sync::Notify>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+impl Handler for Held {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, _payload: Value) -> Result<(), JobError> {
+        self.started.notify_one();
+        self.open.notified().await;
+        Ok(())
+    }
+}
+
 struct Noop;
 
 impl Handler for Noop {
@@ -379,6 +394,69 @@ cases! {
         h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
         let report = drain(b, Duration::ZERO, Duration::from_millis(10)).await.unwrap();
         assert_eq!((report.running, report.stranded, report.drained), (0, 1, true));
+    }
+
+    /// Throughput: the jobs that ended in each of the last minutes, by status, zeros included;
+    /// another queue's jobs are not counted.
+    pub async fn throughput_counts_what_ended_per_minute<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        for n in 0..3 {
+            let id = enqueue(b, n).await;
+            end(b, id, Finalize::Complete).await;
+        }
+        let id = enqueue(b, 9).await;
+        end(b, id, dead()).await;
+        let other = h.other_queue(crate::types::QueueName::new("conformance-other").unwrap());
+        other.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+        let job = claim(&other, 1).await.jobs.remove(0);
+        other.finalize(job.claim(), &Finalize::Complete).await.unwrap();
+
+        let minutes = b.throughput(5).await.unwrap();
+        assert_eq!(minutes.len(), 5);
+        assert!(minutes.windows(2).all(|w| w[1].minute - w[0].minute == chrono::TimeDelta::minutes(1)));
+        let total = minutes.iter().fold((0, 0, 0), |(c, d, f), m| {
+            (c + m.finished.completed, d + m.finished.dead, f + m.finished.failed)
+        });
+        assert_eq!(total, (3, 1, 0), "{minutes:?}");
+        assert!(minutes[..3].iter().all(|m| m.finished == Default::default()));
+    }
+
+    /// A fenced outcome of a worker is counted for operators (`QueueControl::stale_fences`).
+    pub async fn a_workers_stale_fence_is_counted_for_operators<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        assert_eq!(b.control().await.unwrap().stale_fences, 0);
+        b.record_stale(2).await.unwrap();
+        let control = b.control().await.unwrap();
+        assert_eq!(control.stale_fences, 2);
+        assert!(control.last_stale_at.is_some());
+        assert!(!control.is_paused(), "a count pauses nothing");
+        assert!(
+            !b.queues().await.unwrap().contains(b.queue()),
+            "a count alone does not list a queue"
+        );
+
+        // A worker whose write the fence refuses counts it.
+        let id = enqueue(b, 1).await;
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let (started, open) = (Arc::new(tokio::sync::Notify::new()), gate.clone());
+        let worker = Worker::new(
+            b.clone(),
+            Held { started: started.clone(), open },
+            WorkerConfig { poll_interval: Duration::from_secs(3600), ..WorkerConfig::default() },
+        )
+        .unwrap()
+        .start();
+        started.notified().await;
+        h.advance_clock(WorkerConfig::default().lease.duration() + Duration::from_secs(1)).await;
+        assert_eq!(claim(b, 1).await.jobs[0].id, id, "taken over");
+        gate.notify_one();
+        worker.wait_for_timeout(Duration::from_secs(30), |s| s.stale == 1).await.unwrap();
+        worker.shutdown().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while b.control().await.unwrap().stale_fences < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "the worker's stale fence was not counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The store lists the queues that have work or a pause, not one that was paused and

@@ -312,6 +312,7 @@ async fn still_held<B: Backend, H: Handler>(
             events::lease_lost(shared.backend.queue(), job.claim());
             shared.metrics.stale();
             shared.stats.send_modify(|s| s.stale += 1);
+            super::finalizer::record_stale(&shared.backend, 1);
             false
         }
         Err(err) => {

@@ -376,6 +376,7 @@ impl<B: Backend> Writer<B> {
         emit(self.backend.queue(), claim, action, written);
         measure(&self.metrics, action, written);
         self.stats.send_modify(|s| count(s, action, written));
+        record_stale(&self.backend, u64::from(is_stale(written)));
     }
 
     /// [`Writer::report`] for a batch, with one update of the counters: every update wakes the
@@ -391,7 +392,26 @@ impl<B: Backend> Writer<B> {
                 count(s, &outcome.action, written);
             }
         });
+        let stale = written.iter().filter(|w| is_stale(w)).count() as u64;
+        record_stale(&self.backend, stale);
     }
+}
+
+fn is_stale(written: &Written) -> bool {
+    matches!(written, Written::Done(FinalizeOutcome::Stale))
+}
+
+/// Tells the store about `count` fenced outcomes, in a task of its own, best effort: the
+/// counter operators read ([`crate::QueueControl::stale_fences`]) must never hold up or fail
+/// the worker.
+pub(super) fn record_stale<B: Backend>(backend: &B, count: u64) {
+    if count == 0 {
+        return;
+    }
+    let backend = backend.clone();
+    tokio::spawn(async move {
+        let _ = backend.record_stale(count).await;
+    });
 }
 
 fn emit(queue: &crate::types::QueueName, claim: Claim, action: &Finalize, written: &Written) {
