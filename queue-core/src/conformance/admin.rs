@@ -409,7 +409,8 @@ cases! {
         let other = h.other_queue(crate::types::QueueName::new("conformance-other").unwrap());
         other.enqueue(NewJob::from_value(json!({}))).await.unwrap();
         let job = claim(&other, 1).await.jobs.remove(0);
-        other.finalize(job.claim(), &Finalize::Complete).await.unwrap();
+        let done = other.finalize(job.claim(), &Finalize::Complete).await.unwrap();
+        assert_eq!(done, FinalizeOutcome::Applied);
 
         let minutes = b.throughput(5).await.unwrap();
         assert_eq!(minutes.len(), 5);
