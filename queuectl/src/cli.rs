@@ -63,6 +63,46 @@ pub enum Command {
     Purge(PurgeArgs),
     /// The jobs in flight: their holders, generations, time left on their leases, reclaims.
     Lease(LeaseArgs),
+    /// Serve the web dashboard (read-only unless --allow-actions).
+    Serve(ServeArgs),
+}
+
+/// `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where to listen. Anything but a loopback address needs --token or --basic-auth (or
+    /// --no-auth, said out loud).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: std::net::SocketAddr,
+    /// Allow retry, cancel, bulk retry, pause and resume from the pages.
+    #[arg(long)]
+    pub allow_actions: bool,
+    /// Show job payloads on job pages (they may hold personal or secret data).
+    #[arg(long)]
+    pub show_payloads: bool,
+    /// Require `Authorization: Bearer <TOKEN>` (set it in the environment, not on a command
+    /// line others can read).
+    #[arg(
+        long,
+        env = "QUEUECTL_DASHBOARD_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "basic_auth"
+    )]
+    pub token: Option<String>,
+    /// Require basic authentication, `USER:PASSWORD` (browsers ask for it).
+    #[arg(
+        long,
+        env = "QUEUECTL_DASHBOARD_BASIC_AUTH",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
+    pub basic_auth: Option<String>,
+    /// Serve without authentication on an address that is not loopback.
+    #[arg(long)]
+    pub no_auth: bool,
+    /// How often pages reload themselves (0s: never).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub refresh: Duration,
 }
 
 /// `upgrade-legacy`.

@@ -133,7 +133,73 @@ where
             let queue = open(cli, &pool).await?;
             output::leases(&out, &queue, args.limit).await
         }
+        Command::Serve(args) => serve(cli, &pool, args, hooks).await,
     }
+}
+
+/// `serve`: the dashboard on `args.addr` until Ctrl-C or SIGTERM.
+async fn serve<P>(
+    cli: &Cli,
+    pool: &PgPool,
+    args: &crate::cli::ServeArgs,
+    hooks: &Hooks<PgTx, P>,
+) -> Result<Exit>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    use queue_dashboard::{Auth, DashboardConfig};
+    let auth = match (&args.token, &args.basic_auth) {
+        (Some(token), _) if token.is_empty() => {
+            return Err(CtlError::Invalid("--token is empty".to_owned()));
+        }
+        (Some(token), _) => Some(Auth::Bearer(token.clone())),
+        (None, Some(credentials)) => Some(Auth::basic(credentials).ok_or_else(|| {
+            CtlError::Invalid("--basic-auth must be USER:PASSWORD, both non-empty".to_owned())
+        })?),
+        (None, None) => None,
+    };
+    if auth.is_none() && !args.addr.ip().is_loopback() && !args.no_auth {
+        return Err(CtlError::Invalid(format!(
+            "{} is not a loopback address: pass --token or --basic-auth (or --no-auth)",
+            args.addr
+        )));
+    }
+    let queue = open(cli, pool).await?;
+    let config = DashboardConfig::new()
+        .allow_actions(args.allow_actions)
+        .show_payloads(args.show_payloads)
+        .refresh(Some(args.refresh))
+        .auth(auth)
+        .title(cli.table.as_str());
+    let app = queue_dashboard::router(queue, hooks.clone(), config);
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    let bound = listener.local_addr()?;
+    // The one line a script waits for: where the dashboard listens.
+    eprintln!(
+        "dashboard on http://{bound}/ ({}{})",
+        if args.allow_actions {
+            "actions on"
+        } else {
+            "read-only"
+        },
+        if args.show_payloads {
+            ", payloads shown"
+        } else {
+            ""
+        }
+    );
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(Exit::Done)
 }
 
 async fn connect(cli: &Cli) -> Result<PgPool> {

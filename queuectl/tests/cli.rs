@@ -425,6 +425,12 @@ async fn bad_input_gets_a_clear_message_and_changes_nothing() {
     let (code, stderr) = run(ctl(&db).args(["purge", "--older-than", "soon", "--state", "dead"]));
     assert_eq!(code, Some(2));
     assert!(stderr.contains("--older-than"), "{stderr}");
+    // The dashboard on a public address without credentials: refused.
+    let (code, stderr) = run(ctl(&db).args(["serve", "--addr", "0.0.0.0:0"]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--token"), "{stderr}");
+    let (code, stderr) = run(ctl(&db).args(["serve", "--basic-auth", "nopassword"]));
+    assert_eq!(code, Some(2), "{stderr}");
     for help in [
         vec!["--help"],
         vec!["status", "--help"],
@@ -433,6 +439,7 @@ async fn bad_input_gets_a_clear_message_and_changes_nothing() {
         vec!["upgrade-legacy", "--help"],
         vec!["queue", "drain", "--help"],
         vec!["lease", "--help"],
+        vec!["serve", "--help"],
     ] {
         let (code, _) = run(ctl(&db).args(&help));
         assert_eq!(code, Some(0), "{help:?}");

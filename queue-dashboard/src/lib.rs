@@ -1,0 +1,212 @@
+//! # queue-dashboard
+//!
+//! A web dashboard for the queues of one store (a PostgreSQL table, a memory store), built on
+//! the admin API ([`queue_core::Admin`]): an overview of every queue (counts, lag, throughput of
+//! the last half hour, dead jobs, stale fences), the jobs of a queue by state, a job's page, and
+//! (only when allowed) the operator's actions, retry, cancel, bulk retry, pause and resume,
+//! through the adopter's finalize hooks so that domain state follows.
+//!
+//! ```
+//! use queue_core::{Hooks, MemoryBackend, MemoryTx};
+//! use queue_dashboard::{DashboardConfig, router};
+//!
+//! let queue = MemoryBackend::new();
+//! let hooks: Hooks<MemoryTx, serde_json::Value> = Hooks::new();
+//! // Read-only, mounted under /queues of a service's own axum app.
+//! let dashboard = router(queue, hooks, DashboardConfig::new().base_path("/queues"));
+//! let app: axum::Router = axum::Router::new().nest("/queues", dashboard);
+//! # let _ = app;
+//! ```
+//!
+//! Safe by default: read-only unless [`DashboardConfig::allow_actions`]; payloads hidden unless
+//! [`DashboardConfig::show_payloads`]; every value HTML-escaped (maud); actions are POST forms
+//! with a per-process CSRF token and a same-origin check; optional bearer or basic
+//! authentication ([`Auth`]); no payload ever in a URL. `queuectl serve` serves it on loopback.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod actions;
+mod auth;
+mod chart;
+mod pages;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use queue_core::{Admin, Hooks};
+use serde::de::DeserializeOwned;
+
+pub use auth::Auth;
+
+/// How the dashboard behaves.
+#[derive(Debug, Clone)]
+pub struct DashboardConfig {
+    base_path: String,
+    allow_actions: bool,
+    show_payloads: bool,
+    refresh: Option<Duration>,
+    auth: Option<Auth>,
+    title: String,
+}
+
+impl DashboardConfig {
+    /// Read-only, payloads hidden, refreshed every 5 s, no authentication, served at the root.
+    pub fn new() -> Self {
+        DashboardConfig {
+            base_path: String::new(),
+            allow_actions: false,
+            show_payloads: false,
+            refresh: Some(Duration::from_secs(5)),
+            auth: None,
+            title: "queues".to_owned(),
+        }
+    }
+
+    /// The path the router is mounted under (`/queues` for `Router::nest("/queues", …)`), so
+    /// that its links and redirects stay inside it. A trailing `/` is dropped.
+    pub fn base_path(mut self, path: &str) -> Self {
+        self.base_path = path.trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// Allow the operator's actions (retry, cancel, bulk retry, pause, resume).
+    pub fn allow_actions(mut self, allow: bool) -> Self {
+        self.allow_actions = allow;
+        self
+    }
+
+    /// Show job payloads on a job's page (they may hold personal or secret data).
+    pub fn show_payloads(mut self, show: bool) -> Self {
+        self.show_payloads = show;
+        self
+    }
+
+    /// How often pages reload themselves (`None`: never); the URL, and so the filters, stay.
+    pub fn refresh(mut self, every: Option<Duration>) -> Self {
+        self.refresh = every.filter(|d| !d.is_zero());
+        self
+    }
+
+    /// Require a bearer token or basic authentication on every request.
+    pub fn auth(mut self, auth: Option<Auth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The name shown in the pages' title.
+    pub fn title(mut self, title: &str) -> Self {
+        self.title = title.to_owned();
+        self
+    }
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig::new()
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct Dashboard<B: Admin, P> {
+    pub(crate) queue: B,
+    pub(crate) hooks: Hooks<B::Tx, P>,
+    pub(crate) config: DashboardConfig,
+    /// The per-process CSRF token every form carries.
+    pub(crate) csrf: String,
+    /// The results of recent actions, shown once redirected back.
+    pub(crate) flashes: Flashes,
+}
+
+/// Results of actions, kept for a minute under random keys (at most 1 000 of them).
+#[derive(Default)]
+pub(crate) struct Flashes(
+    std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+);
+
+impl Flashes {
+    const KEEP: Duration = Duration::from_secs(60);
+    const MOST: usize = 1_000;
+
+    pub(crate) fn put(&self, notice: &str) -> String {
+        let key = actions::random_hex::<16>();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, (_, at)| at.elapsed() < Self::KEEP);
+        if map.len() >= Self::MOST {
+            map.clear();
+        }
+        map.insert(key.clone(), (notice.to_owned(), std::time::Instant::now()));
+        key
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<String> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key)
+            .filter(|(_, at)| at.elapsed() < Self::KEEP)
+            .map(|(notice, _)| notice.clone())
+    }
+}
+
+impl<B: Admin, P> Dashboard<B, P> {
+    /// A path inside the dashboard. Its root is the mount path itself (`/queues`, which a
+    /// nested axum router answers; `/queues/` it does not).
+    pub(crate) fn href(&self, path: &str) -> String {
+        if path == "/" && !self.config.base_path.is_empty() {
+            return self.config.base_path.clone();
+        }
+        format!("{}{path}", self.config.base_path)
+    }
+
+    /// Whether `path` is a path of the dashboard (for redirects back after an action).
+    pub(crate) fn is_inside(&self, path: &str) -> bool {
+        let base = &self.config.base_path;
+        let inside = if base.is_empty() {
+            path.starts_with('/')
+        } else {
+            path == base.as_str()
+                || path.starts_with(&format!("{base}/"))
+                || path.starts_with(&format!("{base}?"))
+        };
+        inside && !path.contains("//") && !path.contains('\\')
+    }
+}
+
+pub(crate) type Shared<B, P> = Arc<Dashboard<B, P>>;
+
+/// The dashboard's router for the store `queue` belongs to (its other queues are reached with
+/// [`Admin::for_queue`]); `hooks` run on every retry and cancel made through it.
+pub fn router<B, P>(queue: B, hooks: Hooks<B::Tx, P>, config: DashboardConfig) -> Router
+where
+    B: Admin,
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    let auth = config.auth.clone();
+    let shared: Shared<B, P> = Arc::new(Dashboard {
+        queue,
+        hooks,
+        config,
+        csrf: actions::new_token(),
+        flashes: Flashes::default(),
+    });
+    let router = Router::new()
+        .route("/", get(pages::overview::<B, P>))
+        .route("/jobs", get(pages::jobs::<B, P>))
+        .route("/jobs/{id}", get(pages::job::<B, P>))
+        .route("/jobs/{id}/retry", post(actions::retry::<B, P>))
+        .route("/jobs/{id}/cancel", post(actions::cancel::<B, P>))
+        .route(
+            "/queues/{queue}/retry-dead",
+            post(actions::retry_dead::<B, P>),
+        )
+        .route("/queues/{queue}/pause", post(actions::pause::<B, P>))
+        .route("/queues/{queue}/resume", post(actions::resume::<B, P>))
+        .with_state(shared);
+    match auth {
+        Some(auth) => router.layer(axum::middleware::from_fn_with_state(
+            Arc::new(auth),
+            auth::require,
+        )),
+        None => router,
+    }
+}

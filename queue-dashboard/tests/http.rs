@@ -1,0 +1,352 @@
+//! The dashboard over HTTP, on the in-memory backend: what it shows, what it refuses (actions
+//! when read-only, a wrong CSRF token, another origin, no credentials) and that it stays
+//! inside the path it is mounted under.
+
+use std::net::SocketAddr;
+
+use queue_core::{
+    Backend, ClaimRequest, Finalize, FinalizeOutcome, Hooks, JobId, JobStatus, Lease,
+    MemoryBackend, MemoryTx, NewJob,
+};
+use queue_dashboard::{Auth, DashboardConfig, router};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Response {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
+        })
+    }
+}
+
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut text = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if method == "POST" {
+        text.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+        text.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    stream.write_all(text.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Response {
+        status,
+        headers: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A queue with one dead job whose error holds markup; returns the dead job's id.
+async fn queue_with_a_dead_job() -> (MemoryBackend, JobId) {
+    let queue = MemoryBackend::new();
+    queue
+        .enqueue(NewJob::new(&json!({ "secret": "4111 1111 1111 1111" })).unwrap())
+        .await
+        .unwrap();
+    let job = queue
+        .claim(ClaimRequest::new(1, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let dead = Finalize::Dead {
+        reason: "<img src=x onerror=alert(1)> failed".into(),
+    };
+    assert_eq!(
+        queue.finalize(job.claim(), &dead).await.unwrap(),
+        FinalizeOutcome::Applied
+    );
+    (queue, job.id)
+}
+
+fn hooks() -> Hooks<MemoryTx, Value> {
+    Hooks::new()
+}
+
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a token")
+        + 19;
+    page[at..at + 64].to_owned()
+}
+
+#[tokio::test]
+async fn pages_escape_what_they_show_and_hide_payloads() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let addr = serve(router(queue, hooks(), DashboardConfig::new())).await;
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview
+            .body
+            .contains("&lt;img src=x onerror=alert(1)&gt; failed"),
+        "{}",
+        overview.body
+    );
+    assert!(
+        !overview.body.contains("<img src=x"),
+        "markup from an error reached the page"
+    );
+    let job = request(addr, "GET", &format!("/jobs/{}", dead.0), &[], "").await;
+    assert_eq!(job.status, 200);
+    assert!(!job.body.contains("4111"), "the payload is shown unasked");
+    assert!(
+        !job.body.contains("method=\"post\""),
+        "a read-only page has action forms"
+    );
+    let missing = request(addr, "GET", "/jobs/999", &[], "").await;
+    assert_eq!(missing.status, 404);
+    let bad = request(addr, "GET", "/jobs?queue=has%20space", &[], "").await;
+    assert_eq!(bad.status, 400);
+}
+
+#[tokio::test]
+async fn a_read_only_dashboard_refuses_every_action() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let addr = serve(router(queue.clone(), hooks(), DashboardConfig::new())).await;
+    for path in [
+        format!("/jobs/{}/retry", dead.0),
+        format!("/jobs/{}/cancel", dead.0),
+        "/queues/default/pause".to_owned(),
+        "/queues/default/retry-dead".to_owned(),
+    ] {
+        let refused = request(addr, "POST", &path, &[], "csrf=x&seen=dead").await;
+        assert_eq!(refused.status, 403, "{path}");
+    }
+    assert_eq!(
+        queue.get(dead).await.unwrap().unwrap().status,
+        JobStatus::Dead
+    );
+    assert!(
+        !queue_core::Admin::control(&queue)
+            .await
+            .unwrap()
+            .is_paused()
+    );
+}
+
+#[tokio::test]
+async fn actions_need_the_pages_token_and_its_origin_and_report_back() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let config = DashboardConfig::new().allow_actions(true);
+    let addr = serve(router(queue.clone(), hooks(), config)).await;
+    let page = request(
+        addr,
+        "GET",
+        &format!("/jobs/{}?queue=default", dead.0),
+        &[],
+        "",
+    )
+    .await;
+    let token = csrf_of(&page.body);
+    let retry = format!("/jobs/{}/retry", dead.0);
+    let wrong = request(addr, "POST", &retry, &[], "csrf=00&queue=default&seen=dead").await;
+    assert_eq!(wrong.status, 403);
+    let form = format!(
+        "csrf={token}&queue=default&seen=dead&back=%2Fjobs%2F{}%3Fqueue%3Ddefault",
+        dead.0
+    );
+    let foreign = request(
+        addr,
+        "POST",
+        &retry,
+        &[("Origin", "http://evil.example")],
+        &form,
+    )
+    .await;
+    assert_eq!(foreign.status, 403);
+    assert_eq!(
+        queue.get(dead).await.unwrap().unwrap().status,
+        JobStatus::Dead
+    );
+
+    let origin = format!("http://{addr}");
+    let done = request(addr, "POST", &retry, &[("Origin", origin.as_str())], &form).await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let location = done.header("location").unwrap();
+    assert!(
+        location.starts_with(&format!("/jobs/{}?queue=default&flash=", dead.0)),
+        "{location}"
+    );
+    assert_eq!(
+        queue.get(dead).await.unwrap().unwrap().status,
+        JobStatus::Pending
+    );
+    let shown = request(addr, "GET", &location, &[], "").await;
+    assert!(
+        shown.body.contains("retried: pending again"),
+        "{}",
+        shown.body
+    );
+    // A flash key nobody was given shows nothing; a guessed message cannot be planted.
+    let planted = request(addr, "GET", "/?flash=Your%20session%20expired", &[], "").await;
+    assert!(!planted.body.contains("session expired"));
+
+    // A second retry of the same job: refused by the guard, said so.
+    let again = request(addr, "POST", &retry, &[], &form).await;
+    let shown = request(addr, "GET", &again.header("location").unwrap(), &[], "").await;
+    assert!(shown.body.contains("it is pending now"), "{}", shown.body);
+
+    // Pause and resume through the overview's forms.
+    let pause = request(
+        addr,
+        "POST",
+        "/queues/default/pause",
+        &[],
+        &format!("csrf={token}&back=%2F"),
+    )
+    .await;
+    assert_eq!(pause.status, 303);
+    assert!(
+        queue_core::Admin::control(&queue)
+            .await
+            .unwrap()
+            .is_paused()
+    );
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert!(overview.body.contains("paused"));
+    request(
+        addr,
+        "POST",
+        "/queues/default/resume",
+        &[],
+        &format!("csrf={token}&back=%2F"),
+    )
+    .await;
+    assert!(
+        !queue_core::Admin::control(&queue)
+            .await
+            .unwrap()
+            .is_paused()
+    );
+}
+
+#[tokio::test]
+async fn credentials_are_required_when_configured() {
+    let (queue, _) = queue_with_a_dead_job().await;
+    let basic = DashboardConfig::new().auth(Auth::basic("ops:open sesame"));
+    let addr = serve(router(queue.clone(), hooks(), basic)).await;
+    let refused = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(refused.status, 401);
+    assert!(
+        refused
+            .header("www-authenticate")
+            .unwrap()
+            .starts_with("Basic")
+    );
+    // base64("ops:open sesame")
+    let admitted = request(
+        addr,
+        "GET",
+        "/",
+        &[("Authorization", "Basic b3BzOm9wZW4gc2VzYW1l")],
+        "",
+    )
+    .await;
+    assert_eq!(admitted.status, 200);
+    let bearer = DashboardConfig::new().auth(Some(Auth::Bearer("t0ken".into())));
+    let addr = serve(router(queue, hooks(), bearer)).await;
+    assert_eq!(
+        request(
+            addr,
+            "GET",
+            "/jobs",
+            &[("Authorization", "Bearer nope")],
+            ""
+        )
+        .await
+        .status,
+        401
+    );
+    assert_eq!(
+        request(
+            addr,
+            "GET",
+            "/jobs",
+            &[("Authorization", "Bearer t0ken")],
+            ""
+        )
+        .await
+        .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn mounted_under_a_prefix_it_stays_inside_it() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let config = DashboardConfig::new()
+        .base_path("/ops/queues/")
+        .allow_actions(true);
+    let app = axum::Router::new().nest("/ops/queues", router(queue.clone(), hooks(), config));
+    let addr = serve(app).await;
+    let overview = request(addr, "GET", "/ops/queues", &[], "").await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    assert!(overview.body.contains("href=\"/ops/queues/jobs\""));
+    assert!(
+        !overview.body.contains("href=\"/jobs"),
+        "a link leaves the prefix"
+    );
+    let token = csrf_of(&overview.body);
+    // A `back` outside the dashboard is not followed.
+    let form = format!("csrf={token}&queue=default&seen=dead&back=https%3A%2F%2Fevil.example%2F");
+    let done = request(
+        addr,
+        "POST",
+        &format!("/ops/queues/jobs/{}/retry", dead.0),
+        &[],
+        &form,
+    )
+    .await;
+    let location = done.header("location").unwrap();
+    assert!(location.starts_with("/ops/queues?flash="), "{location}");
+    // Nor is one that only looks like it.
+    let form = format!("csrf={token}&queue=default&seen=dead&back=%2Fops%2Fqueues-evil%2F");
+    let done = request(
+        addr,
+        "POST",
+        &format!("/ops/queues/jobs/{}/retry", dead.0),
+        &[],
+        &form,
+    )
+    .await;
+    assert!(
+        done.header("location")
+            .unwrap()
+            .starts_with("/ops/queues?flash=")
+    );
+}
