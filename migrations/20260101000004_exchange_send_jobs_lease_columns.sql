@@ -27,5 +27,6 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
     paused_at     timestamptz,
     stale_fences  bigint      NOT NULL DEFAULT 0,
     last_stale_at timestamptz,
+    served_at     timestamptz,
     updated_at    timestamptz NOT NULL DEFAULT now()
 );

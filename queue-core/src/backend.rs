@@ -144,6 +144,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// expired or ending within `window`, jobs ended in the last hour.
     fn stats(&self, window: Duration) -> impl Future<Output = Result<QueueStats>> + Send;
 
+    /// A worker starts serving this queue, so that the admin API lists it
+    /// ([`crate::Admin::queues`]) even when every job of it has completed. Best effort: the
+    /// worker calls it once when it starts and ignores its failure. Does nothing by default.
+    fn note_served(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
     /// Counts `count` outcomes of this queue's workers that the fence refused, for operators
     /// ([`crate::QueueControl::stale_fences`]). Best effort: the worker calls it after the
     /// fact and ignores its failure. Counts nothing by default.

@@ -61,6 +61,8 @@ struct State {
     paused: HashMap<String, DateTime<Utc>>,
     /// Stale fences per queue: how many, and the last one's time.
     stale: HashMap<String, (u64, DateTime<Utc>)>,
+    /// Queues a worker served.
+    served: BTreeSet<String>,
 }
 
 impl State {
@@ -743,6 +745,16 @@ impl Backend for MemoryBackend {
         Some(self.store.wake.clone())
     }
 
+    async fn note_served(&self) -> Result<()> {
+        self.store
+            .state
+            .lock()
+            .await
+            .served
+            .insert(self.queue.as_str().to_owned());
+        Ok(())
+    }
+
     async fn record_stale(&self, count: u64) -> Result<()> {
         let now = self.now();
         let mut state = self.store.state.lock().await;
@@ -903,6 +915,8 @@ impl crate::admin::Admin for MemoryBackend {
             .map(|j| j.queue.as_str())
             .collect();
         names.extend(state.paused.keys().map(String::as_str));
+        names.extend(state.served.iter().map(String::as_str));
+        names.extend(state.stale.keys().map(String::as_str));
         names
             .into_iter()
             .map(|name| QueueName::new(name).map_err(Into::into))

@@ -54,12 +54,20 @@ fn check<B: Admin, P>(
             "the form's token does not match: reload the page\n",
         ));
     }
-    // A browser names the page's origin on a cross-site POST; it must be this host.
-    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-        let origin = origin.to_str().unwrap_or_default();
-        let host = host.to_str().unwrap_or_default();
-        let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-        if authority != host {
+    // A browser names the page's origin on a POST: it must be the dashboard's own, one of
+    // the allowed origins exactly, or (when none is set) the request's own host.
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default().to_ascii_lowercase();
+        let allowed = &d.config.allowed_origins;
+        let same = if allowed.is_empty() {
+            headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .is_some_and(|host| crate::guard::authority(&origin) == host.to_ascii_lowercase())
+        } else {
+            allowed.contains(&origin)
+        };
+        if !same {
             return Err((StatusCode::FORBIDDEN, "cross-origin request refused\n"));
         }
     }
@@ -168,27 +176,34 @@ where
         Ok(name) => d.queue.for_queue(name),
         Err(err) => return PageError::bad_request(err.to_string()).into_response(),
     };
-    let (mut retried, mut refused) = (0u64, 0u64);
-    let mut filter = JobFilter::new().status(JobStatus::Dead).limit(200);
-    loop {
-        let page = match queue.list_jobs(&filter).await {
-            Ok(page) => page,
+    let (mut retried, mut moved_on, mut refused) = (0u64, 0u64, 0u64);
+    let page = match queue
+        .list_jobs(
+            &JobFilter::new()
+                .status(JobStatus::Dead)
+                .limit(crate::pages::BULK_RETRY_MOST),
+        )
+        .await
+    {
+        Ok(page) => page,
+        Err(err) => return PageError::from(err).into_response(),
+    };
+    for job in &page.jobs {
+        match retry_with_hooks(&queue, &d.hooks, job.id, JobStatus::Dead).await {
+            Ok(RetryTarget::Retried(_)) => retried += 1,
+            // Retried by someone else meanwhile, or gone.
+            Ok(_) => moved_on += 1,
+            Err(queue_core::Error::Hook { .. }) => refused += 1,
             Err(err) => return PageError::from(err).into_response(),
-        };
-        for job in &page.jobs {
-            match retry_with_hooks(&queue, &d.hooks, job.id, JobStatus::Dead).await {
-                Ok(RetryTarget::Retried(_)) => retried += 1,
-                Ok(_) | Err(queue_core::Error::Hook { .. }) => refused += 1,
-                Err(err) => return PageError::from(err).into_response(),
-            }
-        }
-        match page.next {
-            Some(cursor) => filter = filter.before(cursor),
-            None => break,
         }
     }
+    let more = if page.next.is_some() {
+        "; more remain: press again"
+    } else {
+        ""
+    };
     let notice = format!(
-        "{retried} dead jobs of {} retried, {refused} refused",
+        "{retried} dead jobs of {} retried, {moved_on} had moved on, {refused} refused by a hook{more}",
         queue.queue().as_str()
     );
     back_to(&d, form.back.as_deref(), &notice)
@@ -226,6 +241,15 @@ async fn set_paused<B: Admin, P>(
         Ok(name) => d.queue.for_queue(name),
         Err(err) => return PageError::bad_request(err.to_string()).into_response(),
     };
+    // Only a queue the dashboard shows: a typed URL must not pause a queue nobody serves.
+    let known = match d.queue.queues().await {
+        Ok(names) => names.contains(queue.queue()) || queue.queue() == d.queue.queue(),
+        Err(err) => return PageError::from(err).into_response(),
+    };
+    if !known {
+        return PageError::not_found(format!("no queue {}", queue.queue().as_str()))
+            .into_response();
+    }
     let result = if paused {
         queue.pause().await
     } else {

@@ -10,6 +10,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
+/// Event: a request came with credentials that did not match (warn).
+pub const AUTH_REFUSED: &str = "queue_dashboard.auth_refused";
+
 /// What a request must carry.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Auth {
@@ -52,13 +55,12 @@ impl Auth {
             return false;
         };
         match self {
-            Auth::Bearer(token) => given
-                .strip_prefix("Bearer ")
-                .is_some_and(|t| same(t.as_bytes(), token.as_bytes())),
+            Auth::Bearer(token) => {
+                scheme(given, "bearer").is_some_and(|t| same(t.trim().as_bytes(), token.as_bytes()))
+            }
             Auth::Basic { user, password } => {
                 let expected = format!("{user}:{password}");
-                given
-                    .strip_prefix("Basic ")
+                scheme(given, "basic")
                     .and_then(|b| {
                         base64::engine::general_purpose::STANDARD
                             .decode(b.trim())
@@ -68,6 +70,12 @@ impl Auth {
             }
         }
     }
+}
+
+/// The credentials after an authentication scheme, whose name is case-insensitive.
+fn scheme<'a>(given: &'a str, name: &str) -> Option<&'a str> {
+    let (first, rest) = given.trim_start().split_once(' ')?;
+    first.eq_ignore_ascii_case(name).then_some(rest)
 }
 
 /// Equal, in time that depends on the lengths only.
@@ -87,6 +95,13 @@ pub(crate) async fn require(
     if auth.admits(request.headers().get(header::AUTHORIZATION)) {
         return next.run(request).await;
     }
+    if request.headers().contains_key(header::AUTHORIZATION) {
+        tracing::warn!(
+            name: AUTH_REFUSED,
+            path = %request.uri().path(),
+            "{AUTH_REFUSED}: wrong credentials"
+        );
+    }
     let mut response = (StatusCode::UNAUTHORIZED, "authentication required\n").into_response();
     if matches!(*auth, Auth::Basic { .. }) {
         response.headers_mut().insert(
@@ -105,6 +120,7 @@ mod tests {
     fn credentials_are_checked_and_never_printed() {
         let bearer = Auth::Bearer("s3cret".into());
         assert!(bearer.admits(Some(&HeaderValue::from_static("Bearer s3cret"))));
+        assert!(bearer.admits(Some(&HeaderValue::from_static("bearer s3cret"))));
         assert!(!bearer.admits(Some(&HeaderValue::from_static("Bearer s3cre"))));
         assert!(!bearer.admits(None));
         let basic = Auth::basic("ops:pa:ss").unwrap();

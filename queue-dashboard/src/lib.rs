@@ -28,6 +28,7 @@
 mod actions;
 mod auth;
 mod chart;
+mod guard;
 mod pages;
 
 use std::sync::Arc;
@@ -38,7 +39,7 @@ use axum::routing::{get, post};
 use queue_core::{Admin, Hooks};
 use serde::de::DeserializeOwned;
 
-pub use auth::Auth;
+pub use auth::{AUTH_REFUSED, Auth};
 
 /// How the dashboard behaves.
 #[derive(Debug, Clone)]
@@ -49,6 +50,7 @@ pub struct DashboardConfig {
     refresh: Option<Duration>,
     auth: Option<Auth>,
     title: String,
+    allowed_origins: Vec<String>,
 }
 
 impl DashboardConfig {
@@ -61,6 +63,7 @@ impl DashboardConfig {
             refresh: Some(Duration::from_secs(5)),
             auth: None,
             title: "queues".to_owned(),
+            allowed_origins: Vec::new(),
         }
     }
 
@@ -92,6 +95,19 @@ impl DashboardConfig {
     /// Require a bearer token or basic authentication on every request.
     pub fn auth(mut self, auth: Option<Auth>) -> Self {
         self.auth = auth;
+        self
+    }
+
+    /// The origins (`http://127.0.0.1:8080`, `https://dash.example.com`) the dashboard is
+    /// reached at. When any is given, a request whose `Host` is none of them is refused (DNS
+    /// rebinding: a hostile page whose name points at 127.0.0.1 cannot read or drive it), and an
+    /// action's `Origin` must be one of them exactly. Empty (the default for a router mounted in
+    /// a service): the `Origin` of an action must match its `Host`.
+    pub fn allowed_origins(mut self, origins: impl IntoIterator<Item = String>) -> Self {
+        self.allowed_origins = origins
+            .into_iter()
+            .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
+            .collect();
         self
     }
 
@@ -168,7 +184,11 @@ impl<B: Admin, P> Dashboard<B, P> {
                 || path.starts_with(&format!("{base}/"))
                 || path.starts_with(&format!("{base}?"))
         };
-        inside && !path.contains("//") && !path.contains('\\')
+        // Printable ASCII only: a tab or a newline in a path makes browsers read it otherwise.
+        let plain = path
+            .bytes()
+            .all(|b| (0x21..0x7f).contains(&b) && b != b'\\');
+        inside && plain && !path.contains("//")
     }
 }
 
@@ -182,6 +202,7 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     let auth = config.auth.clone();
+    let origins = Arc::new(config.allowed_origins.clone());
     let shared: Shared<B, P> = Arc::new(Dashboard {
         queue,
         hooks,
@@ -197,16 +218,20 @@ where
         .route("/jobs/{id}/cancel", post(actions::cancel::<B, P>))
         .route(
             "/queues/{queue}/retry-dead",
-            post(actions::retry_dead::<B, P>),
+            get(pages::confirm_retry_dead::<B, P>).post(actions::retry_dead::<B, P>),
         )
         .route("/queues/{queue}/pause", post(actions::pause::<B, P>))
         .route("/queues/{queue}/resume", post(actions::resume::<B, P>))
         .with_state(shared);
-    match auth {
+    let router = match auth {
         Some(auth) => router.layer(axum::middleware::from_fn_with_state(
             Arc::new(auth),
             auth::require,
         )),
         None => router,
-    }
+    };
+    // Outermost: the host check and the security headers apply to every answer, 401s too.
+    router
+        .layer(axum::middleware::from_fn_with_state(origins, guard::hosts))
+        .layer(axum::middleware::from_fn(guard::headers))
 }

@@ -35,11 +35,20 @@ impl PageError {
     }
 }
 
+/// Event: a page or an action failed on the store (warn; the page shows a short message).
+pub const PAGE_FAILED: &str = "queue_dashboard.page_failed";
+
 impl From<queue_core::Error> for PageError {
     fn from(err: queue_core::Error) -> Self {
+        // The details (a database's own words) go to the log, not to whoever reads the page.
+        tracing::warn!(name: PAGE_FAILED, error = %err, "{PAGE_FAILED}");
         PageError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: err.to_string(),
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: if err.is_transient() {
+                "The queue store did not answer. This page tries again in a few seconds.".to_owned()
+            } else {
+                "The queue store refused the request; the dashboard's log says why.".to_owned()
+            },
         }
     }
 }
@@ -49,8 +58,15 @@ impl IntoResponse for PageError {
         let body = html! {
             (DOCTYPE)
             html lang="en" {
-                head { meta charset="utf-8"; title { "error" } style { (PreEscaped(STYLE)) } }
-                body { main { h1 { "Something went wrong" } p.error { (self.message) } } }
+                head {
+                    meta charset="utf-8";
+                    @if self.status == StatusCode::SERVICE_UNAVAILABLE { meta http-equiv="refresh" content="5"; }
+                    title { "error" } style { (PreEscaped(STYLE)) }
+                }
+                body { main {
+                    h1 { "Something went wrong" }
+                    p.error { (self.message) }
+                } }
             }
         };
         (self.status, Html(body.into_string())).into_response()
@@ -86,6 +102,8 @@ th { color: var(--muted); font-weight: 600; font-size: 12px; }
 .muted { color: var(--muted); } .error { color: #8c1f1f; }
 .notice { background: #fff8e1; border: 1px solid #f0d98c; padding: .5rem .75rem; border-radius: 4px; margin-bottom: 1rem; }
 form.inline { display: inline; } button { font: inherit; padding: .15rem .6rem; cursor: pointer; }
+a.button { display: inline-block; padding: .1rem .6rem; border: 1px solid #767676; border-radius: 3px;
+           background: #efefef; color: var(--fg); text-decoration: none; }
 form.filters { display: flex; flex-wrap: wrap; gap: .5rem; align-items: end; margin-bottom: 1rem; }
 form.filters label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
 pre { background: #fff; border: 1px solid var(--line); padding: .75rem; overflow-x: auto; white-space: pre-wrap; word-break: break-word; }
@@ -97,14 +115,20 @@ svg.chart { max-width: 100%; height: auto; background: #fafbfd; border: 1px soli
 @media (max-width: 600px) { main { padding: .5rem; } dl.fields { grid-template-columns: 1fr; } }
 "#;
 
-/// The page frame: the title, the navigation, the refresh.
+/// The page frame: the title, the navigation, the refresh (the overview's only: a list that
+/// moved under the cursor would make a click hit another job).
 fn layout<B: Admin, P>(
     d: &Shared<B, P>,
     title: &str,
     notice: Option<&str>,
     body: Markup,
+    refreshes: bool,
 ) -> Response {
-    let refresh = d.config.refresh.map(|every| every.as_secs().max(1));
+    let refresh = d
+        .config
+        .refresh
+        .filter(|_| refreshes)
+        .map(|every| every.as_secs().max(1));
     let page = html! {
         (DOCTYPE)
         html lang="en" {
@@ -143,7 +167,9 @@ fn status_badge(status: JobStatus) -> Markup {
 
 fn when(at: Option<DateTime<Utc>>) -> Markup {
     match at {
-        Some(at) => html! { time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S")) } },
+        Some(at) => {
+            html! { time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S UTC")) } }
+        }
         None => html! { span.muted { "–" } },
     }
 }
@@ -208,16 +234,19 @@ pub(crate) async fn overview<B: Admin, P>(
         names.push(d.queue.queue().clone());
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     }
-    let mut cards = Vec::new();
-    for name in names {
-        cards.push(queue_card(&d, name).await?);
-    }
+    // A few queues at a time: each card is four statements, and a table may hold many queues.
+    use futures_util::stream::{StreamExt, TryStreamExt};
+    let cards: Vec<Markup> = futures_util::stream::iter(names)
+        .map(|name| queue_card(&d, name))
+        .buffered(4)
+        .try_collect()
+        .await?;
     let body = html! {
         h1 { "Queues" }
         div.cards { @for card in cards { (card) } }
     };
     let flash = notice.flash.as_deref().and_then(|k| d.flashes.get(k));
-    Ok(layout(&d, "overview", flash.as_deref(), body))
+    Ok(layout(&d, "overview", flash.as_deref(), body, true))
 }
 
 async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Markup, PageError> {
@@ -292,14 +321,49 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
                     }
                     " "
                     @if !dead.jobs.is_empty() {
-                        form.inline method="post" action=(d.href(&format!("/queues/{}/retry-dead", name.as_str()))) {
-                            (form_fields(d, &back)) button type="submit" { "Retry every dead job" }
-                        }
+                        a.button href=(d.href(&format!("/queues/{}/retry-dead", name.as_str()))) { "Retry every dead job…" }
                     }
                 }
             }
         }
     })
+}
+
+/// The most jobs one press of "retry every dead job" retries.
+pub(crate) const BULK_RETRY_MOST: u32 = 1_000;
+
+/// The confirmation of a bulk retry: how many dead jobs the queue has, and the button.
+pub(crate) async fn confirm_retry_dead<B: Admin, P>(
+    State(d): State<Shared<B, P>>,
+    Path(queue): Path<String>,
+) -> PageResult {
+    let name = QueueName::new(queue).map_err(|e| PageError::bad_request(e.to_string()))?;
+    let queue = d.queue.for_queue(name.clone());
+    let dead = queue
+        .list_jobs(
+            &JobFilter::new()
+                .status(JobStatus::Dead)
+                .limit(BULK_RETRY_MOST),
+        )
+        .await?;
+    let count = if dead.next.is_some() {
+        format!("more than {BULK_RETRY_MOST}")
+    } else {
+        dead.jobs.len().to_string()
+    };
+    let body = html! {
+        h1 { "Retry the dead jobs of " (name.as_str()) "?" }
+        p { "The queue has " (count) " dead jobs. Each goes back to pending, attempts reset, "
+            "through the hooks; at most " (BULK_RETRY_MOST) " per press." }
+        @if d.config.allow_actions && !dead.jobs.is_empty() {
+            form method="post" action=(d.href(&format!("/queues/{}/retry-dead", name.as_str()))) {
+                (form_fields(&d, &d.href("/")))
+                button type="submit" data-action="retry-dead" { "Retry them" }
+                " " a href=(d.href("/")) { "Cancel" }
+            }
+        }
+    };
+    Ok(layout(&d, "retry dead jobs", None, body, false))
 }
 
 /// `/jobs` query: the queue, the state, the cursor, a search.
@@ -387,7 +451,7 @@ pub(crate) async fn jobs<B: Admin, P>(
         }
     };
     let flash = query.flash.as_deref().and_then(|k| d.flashes.get(k));
-    Ok(layout(&d, "jobs", flash.as_deref(), body))
+    Ok(layout(&d, "jobs", flash.as_deref(), body, false))
 }
 
 fn job_table<B: Admin, P>(
@@ -451,20 +515,34 @@ fn actions_for<B: Admin, P>(
     }
 }
 
-/// A search: a number is a job id, anything else a unique key.
+/// A search: a number is a job id, anything else a unique key; the queue shown first, then
+/// every queue of the store.
 async fn find<B: Admin, P>(d: &Shared<B, P>, queue: &B, search: &str) -> PageResult {
-    let name = queue.queue().as_str();
-    if let Ok(id) = search.parse::<i64>() {
-        return Ok(Redirect::to(&d.href(&format!("/jobs/{id}?queue={name}"))).into_response());
-    }
-    match queue.find_by_unique_key(search).await? {
-        Some(job) => {
-            Ok(Redirect::to(&d.href(&format!("/jobs/{}?queue={name}", job.id.0))).into_response())
+    let mut candidates = vec![queue.clone()];
+    for name in d.queue.queues().await? {
+        if name != *queue.queue() {
+            candidates.push(d.queue.for_queue(name));
         }
-        None => Err(PageError::not_found(format!(
-            "no job of queue {name} holds that unique key"
-        ))),
     }
+    let id = search.parse::<i64>().ok();
+    for candidate in &candidates {
+        let found = match id {
+            Some(id) => candidate.get(JobId(id)).await?,
+            None => candidate.find_by_unique_key(search).await?,
+        };
+        if let Some(job) = found {
+            let to = d.href(&format!(
+                "/jobs/{}?queue={}",
+                job.id.0,
+                candidate.queue().as_str()
+            ));
+            return Ok(Redirect::to(&to).into_response());
+        }
+    }
+    Err(PageError::not_found(match id {
+        Some(id) => format!("no job {id} in the queues listed"),
+        None => "no job of the queues listed holds that unique key".to_owned(),
+    }))
 }
 
 /// `/jobs/{id}` query.
@@ -536,5 +614,11 @@ pub(crate) async fn job<B: Admin, P>(
         }
     };
     let flash = query.flash.as_deref().and_then(|k| d.flashes.get(k));
-    Ok(layout(&d, &format!("job {id}"), flash.as_deref(), body))
+    Ok(layout(
+        &d,
+        &format!("job {id}"),
+        flash.as_deref(),
+        body,
+        false,
+    ))
 }

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use queue_core::{
-    Backend, ClaimRequest, Finalize, FinalizeOutcome, Hooks, JobId, JobStatus, Lease,
+    Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, Hooks, JobId, JobStatus, Lease,
     MemoryBackend, MemoryTx, NewJob,
 };
 use queue_dashboard::{Auth, DashboardConfig, router};
@@ -36,7 +36,13 @@ async fn request(
     body: &str,
 ) -> Response {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut text = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        text.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         text.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -151,12 +157,7 @@ async fn a_read_only_dashboard_refuses_every_action() {
         queue.get(dead).await.unwrap().unwrap().status,
         JobStatus::Dead
     );
-    assert!(
-        !queue_core::Admin::control(&queue)
-            .await
-            .unwrap()
-            .is_paused()
-    );
+    assert!(!queue.control().await.unwrap().is_paused());
 }
 
 #[tokio::test]
@@ -231,12 +232,7 @@ async fn actions_need_the_pages_token_and_its_origin_and_report_back() {
     )
     .await;
     assert_eq!(pause.status, 303);
-    assert!(
-        queue_core::Admin::control(&queue)
-            .await
-            .unwrap()
-            .is_paused()
-    );
+    assert!(queue.control().await.unwrap().is_paused());
     let overview = request(addr, "GET", "/", &[], "").await;
     assert!(overview.body.contains("paused"));
     request(
@@ -247,12 +243,7 @@ async fn actions_need_the_pages_token_and_its_origin_and_report_back() {
         &format!("csrf={token}&back=%2F"),
     )
     .await;
-    assert!(
-        !queue_core::Admin::control(&queue)
-            .await
-            .unwrap()
-            .is_paused()
-    );
+    assert!(!queue.control().await.unwrap().is_paused());
 }
 
 #[tokio::test]
@@ -349,4 +340,125 @@ async fn mounted_under_a_prefix_it_stays_inside_it() {
             .unwrap()
             .starts_with("/ops/queues?flash=")
     );
+}
+
+#[tokio::test]
+async fn only_its_own_hosts_are_served_with_safe_headers() {
+    let (queue, _) = queue_with_a_dead_job().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = DashboardConfig::new().allow_actions(true).allowed_origins([
+        format!("http://{addr}"),
+        "https://dash.example.com".to_owned(),
+    ]);
+    let app = router(queue.clone(), hooks(), config);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let page = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(page.status, 200);
+    for (name, value) in [
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+    ] {
+        assert_eq!(page.header(name).as_deref(), Some(value), "{name}");
+    }
+    assert!(
+        page.header("content-security-policy")
+            .unwrap()
+            .contains("frame-ancestors 'none'")
+    );
+    // A page whose name was rebound to this address: refused, reads nothing.
+    let rebound = request(addr, "GET", "/", &[("Host", "evil.example:8080")], "").await;
+    assert_eq!(rebound.status, 421);
+    assert!(!rebound.body.contains("csrf"));
+    // Behind the proxy it was told of, an action from the proxy's origin goes through.
+    let token = csrf_of(&page.body);
+    let proxied = request(
+        addr,
+        "POST",
+        "/queues/default/pause",
+        &[
+            ("Host", "dash.example.com"),
+            ("Origin", "https://dash.example.com"),
+        ],
+        &format!("csrf={token}&back=%2F"),
+    )
+    .await;
+    assert_eq!(proxied.status, 303, "{}", proxied.body);
+    let http_origin = request(
+        addr,
+        "POST",
+        "/queues/default/resume",
+        &[
+            ("Host", "dash.example.com"),
+            ("Origin", "http://dash.example.com"),
+        ],
+        &format!("csrf={token}&back=%2F"),
+    )
+    .await;
+    assert_eq!(http_origin.status, 403, "the scheme counts");
+}
+
+#[tokio::test]
+async fn bulk_retry_asks_first_and_unknown_queues_are_refused() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let other = queue.for_queue(queue_core::QueueName::new("mail").unwrap());
+    let unique = other
+        .enqueue(NewJob::new(&1).unwrap().unique_key("order-12"))
+        .await
+        .unwrap()
+        .id;
+    let addr = serve(router(
+        queue.clone(),
+        hooks(),
+        DashboardConfig::new().allow_actions(true),
+    ))
+    .await;
+    let confirm = request(addr, "GET", "/queues/default/retry-dead", &[], "").await;
+    assert_eq!(confirm.status, 200);
+    assert!(confirm.body.contains("has 1 dead jobs"), "{}", confirm.body);
+    assert_eq!(
+        queue.get(dead).await.unwrap().unwrap().status,
+        JobStatus::Dead,
+        "a GET changed it"
+    );
+    let token = csrf_of(&confirm.body);
+    let done = request(
+        addr,
+        "POST",
+        "/queues/default/retry-dead",
+        &[],
+        &format!("csrf={token}&back=%2F"),
+    )
+    .await;
+    let shown = request(addr, "GET", &done.header("location").unwrap(), &[], "").await;
+    assert!(
+        shown
+            .body
+            .contains("1 dead jobs of default retried, 0 had moved on, 0 refused"),
+        "{}",
+        shown.body
+    );
+    assert_eq!(
+        queue.get(dead).await.unwrap().unwrap().status,
+        JobStatus::Pending
+    );
+    let unknown = request(
+        addr,
+        "POST",
+        "/queues/no-such-queue/pause",
+        &[],
+        &format!("csrf={token}"),
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    // The search box finds a job of another queue, by its unique key and by its id.
+    for search in ["order-12".to_owned(), unique.0.to_string()] {
+        let found = request(addr, "GET", &format!("/jobs?q={search}"), &[], "").await;
+        assert_eq!(found.status, 303, "{search}");
+        assert_eq!(
+            found.header("location").unwrap(),
+            format!("/jobs/{}?queue=mail", unique.0)
+        );
+    }
 }

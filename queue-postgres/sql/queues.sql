@@ -1,8 +1,8 @@
 -- The queues of a table that have work or need attention: a pending or in-flight job, a
--- failed, dead or cancelled one, or a pause. Each family is read by a skip scan over its partial
+-- failed, dead or cancelled one, a pause, a worker that served it, or a stale fence. Each family is read by a skip scan over its partial
 -- index ("{{table}}_due_idx", "{{table}}_lease_idx", "{{table}}_failed_idx": queue is their
 -- leading column), one index probe per queue, so the cost does not grow with the rows. A queue
--- whose jobs all completed is not listed (no index leads with queue over completed rows).
+-- whose jobs all completed is listed if a worker served it (served_at).
 WITH RECURSIVE
 pending(queue) AS (
     SELECT min(queue) FROM "{{table}}" WHERE status = 'pending'
@@ -26,5 +26,6 @@ ended(queue) AS (
 SELECT queue FROM pending WHERE queue IS NOT NULL
 UNION SELECT queue FROM running WHERE queue IS NOT NULL
 UNION SELECT queue FROM ended WHERE queue IS NOT NULL
-UNION SELECT queue FROM "{{table}}_queues" WHERE paused_at IS NOT NULL
+UNION SELECT queue FROM "{{table}}_queues"
+      WHERE paused_at IS NOT NULL OR served_at IS NOT NULL OR stale_fences > 0
 ORDER BY queue

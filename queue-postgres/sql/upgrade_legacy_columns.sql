@@ -36,5 +36,6 @@ CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
     paused_at     timestamptz,
     stale_fences  bigint      NOT NULL DEFAULT 0,
     last_stale_at timestamptz,
+    served_at     timestamptz,
     updated_at    timestamptz NOT NULL DEFAULT now()
 )

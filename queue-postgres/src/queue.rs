@@ -364,6 +364,14 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         self.inner.config.listen.then(|| self.inner.wake.clone())
     }
 
+    async fn note_served(&self) -> queue_core::Result<()> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = (inner.config.queue.as_str(),);
+        D::execute(D::pooled(&mut conn), &inner.sql.note_served, &queue).await?;
+        Ok(())
+    }
+
     async fn record_stale(&self, count: u64) -> queue_core::Result<()> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;

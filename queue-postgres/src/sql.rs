@@ -47,6 +47,7 @@ pub(crate) const PAUSE: Template = template!("pause.sql");
 pub(crate) const QUEUE_CONTROL: Template = template!("queue_control.sql");
 pub(crate) const QUEUES: Template = template!("queues.sql");
 pub(crate) const RECORD_STALE: Template = template!("record_stale.sql");
+pub(crate) const NOTE_SERVED: Template = template!("note_served.sql");
 pub(crate) const THROUGHPUT: Template = template!("throughput.sql");
 pub(crate) const CLAIMS_RUNNING: Template = template!("claims_running.sql");
 pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
@@ -234,6 +235,7 @@ pub(crate) struct Sql {
     pub(crate) queue_control: Arc<str>,
     pub(crate) queues: Arc<str>,
     pub(crate) record_stale: Arc<str>,
+    pub(crate) note_served: Arc<str>,
     pub(crate) throughput: Arc<str>,
     table: TableName,
 }
@@ -259,6 +261,7 @@ impl Sql {
             queue_control: r(QUEUE_CONTROL)?,
             queues: r(QUEUES)?,
             record_stale: r(RECORD_STALE)?,
+            note_served: r(NOTE_SERVED)?,
             throughput: r(THROUGHPUT)?,
             table: table.clone(),
         })

@@ -100,6 +100,11 @@ pub struct ServeArgs {
     /// Serve without authentication on an address that is not loopback.
     #[arg(long)]
     pub no_auth: bool,
+    /// An origin the dashboard is reached at besides its own address (a reverse proxy's,
+    /// `https://dash.example.com`; repeatable). Requests for any other host are refused, so
+    /// that a page whose name points at this address (DNS rebinding) cannot use it.
+    #[arg(long = "public-origin", value_name = "URL")]
+    pub public_origins: Vec<String>,
     /// How often pages reload themselves (0s: never).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub refresh: Duration,

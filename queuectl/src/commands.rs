@@ -164,16 +164,34 @@ where
             args.addr
         )));
     }
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    let bound = listener.local_addr()?;
+    let mut origins = vec![format!("http://{bound}")];
+    if bound.ip().is_loopback() {
+        origins.push(format!("http://localhost:{}", bound.port()));
+    }
+    for origin in &args.public_origins {
+        let valid = (origin.starts_with("http://") || origin.starts_with("https://"))
+            && !origin
+                .trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .contains('/');
+        if !valid {
+            return Err(CtlError::Invalid(format!(
+                "--public-origin {origin:?} must be scheme://host[:port], without a path"
+            )));
+        }
+        origins.push(origin.clone());
+    }
     let queue = open(cli, pool).await?;
     let config = DashboardConfig::new()
+        .allowed_origins(origins)
         .allow_actions(args.allow_actions)
         .show_payloads(args.show_payloads)
         .refresh(Some(args.refresh))
         .auth(auth)
         .title(cli.table.as_str());
     let app = queue_dashboard::router(queue, hooks.clone(), config);
-    let listener = tokio::net::TcpListener::bind(args.addr).await?;
-    let bound = listener.local_addr()?;
     // The one line a script waits for: where the dashboard listens.
     eprintln!(
         "dashboard on http://{bound}/ ({}{})",

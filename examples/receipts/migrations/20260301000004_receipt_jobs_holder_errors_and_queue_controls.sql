@@ -6,9 +6,11 @@
 -- fail, retry, cancel and dead outcome it applies. Both come with constant defaults, so adding
 -- them rewrites no row.
 --
--- "receipt_jobs_queues" holds one row per queue an operator paused or whose workers met a stale
--- fence: while paused_at is set, no claim takes a job of that queue; stale_fences counts the
--- outcomes its workers wrote after losing the job (the fence refused them), for operators. The failed index serves the operator's listing of failed,
+-- "receipt_jobs_queues" holds one row per queue an operator paused, that a worker served, or whose
+-- workers met a stale fence: while paused_at is set, no claim takes a job of that queue;
+-- served_at is when a worker last started on it (so the admin API lists it even when every job
+-- completed); stale_fences counts the outcomes its workers wrote after losing the job (the
+-- fence refused them), for operators. The failed index serves the operator's listing of failed,
 -- dead and cancelled jobs, newest first: it holds those rows only, so workers never write to it
 -- on the hot path.
 
@@ -21,6 +23,7 @@ CREATE TABLE IF NOT EXISTS "receipt_jobs_queues" (
     paused_at     timestamptz,
     stale_fences  bigint      NOT NULL DEFAULT 0,
     last_stale_at timestamptz,
+    served_at     timestamptz,
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
 

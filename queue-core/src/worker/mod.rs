@@ -88,6 +88,11 @@ impl<B: Backend, H: Handler> Worker<B, H> {
 
     /// Starts the worker on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
+        // The store learns that this queue is served (for the admin API's list), best effort.
+        let served = self.backend.clone();
+        tokio::spawn(async move {
+            let _ = served.note_served().await;
+        });
         let (stats_tx, stats_rx) = watch::channel(WorkerStats::default());
         let stop = CancellationToken::new();
         let metrics = QueueMetrics::new(self.backend.queue());
