@@ -1,0 +1,1152 @@
+//! The queue on a SQLite file: [`SqliteQueue`], its transaction, and every statement.
+//!
+//! SQLite has one writer at a time. Every write that must see what it changes (a claim, a
+//! batch of outcomes, a cancel, a retry) runs in a `BEGIN IMMEDIATE` transaction, which takes
+//! the write lock first: no two claims can pick the same job, and no `SKIP LOCKED` is needed.
+//! Other processes wait for the lock up to the busy timeout. Instants are SQLite's own clock,
+//! `unixepoch('subsec')`, in every statement; the worker's clock never reaches the table.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use queue_core::{
+    Backend, BackendTx, CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration,
+    ClaimRequest, ClaimedJob, Enqueued, ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts,
+    Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease, MinuteCounts, NewJob,
+    PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats, RetryTarget, RunAt,
+};
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row as _, SqlitePool};
+use tokio::sync::Notify;
+
+use crate::error::SqliteError;
+use crate::schema::{self, COLUMNS, TableName};
+
+/// How a [`SqliteQueue`] handle works.
+#[derive(Debug, Clone)]
+pub struct SqliteQueueConfig {
+    /// The queue table (default `queue_jobs`, created by [`crate::migrate`]).
+    pub table: TableName,
+    /// The queue inside the table (default `default`).
+    pub queue: QueueName,
+    /// The largest payload an enqueue accepts, as JSON text (default 1 MiB).
+    pub max_payload_bytes: usize,
+}
+
+impl Default for SqliteQueueConfig {
+    fn default() -> Self {
+        SqliteQueueConfig {
+            table: TableName::default(),
+            queue: QueueName::default(),
+            max_payload_bytes: queue_core::limits::DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}
+
+impl SqliteQueueConfig {
+    /// The queue `queue` of the table `table`.
+    pub fn new(table: TableName, queue: QueueName) -> Self {
+        SqliteQueueConfig {
+            table,
+            queue,
+            ..SqliteQueueConfig::default()
+        }
+    }
+}
+
+/// How a database file is opened ([`open_pool`]).
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Open for reading only (an inspection tool, a read-only dashboard): every write is
+    /// refused with [`SqliteError::Open`] and [`OpenFailure::ReadOnly`](crate::OpenFailure).
+    pub read_only: bool,
+    /// How long a writer waits for another's lock before [`SqliteError::Busy`] (default 5 s).
+    pub busy_timeout: Duration,
+    /// Connections of the pool (default 4; SQLite writes one at a time whatever the number).
+    pub max_connections: u32,
+    /// Create the file if it does not exist (default true; its directory must exist).
+    pub create_if_missing: bool,
+    /// `synchronous = FULL` (default): a committed outcome survives a power loss. `false`
+    /// keeps `NORMAL`, which survives a process crash but may lose the last commits on power
+    /// loss.
+    pub full_sync: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 4,
+            create_if_missing: true,
+            full_sync: true,
+        }
+    }
+}
+
+/// A pool on the database file at `path`, in WAL mode with the busy timeout, so that several
+/// processes can share the file. A missing directory, a read-only or corrupt file are refused
+/// here, with [`SqliteError::Open`].
+pub async fn open_pool(
+    path: impl AsRef<Path>,
+    options: &OpenOptions,
+) -> Result<SqlitePool, SqliteError> {
+    let path = path.as_ref();
+    let shown = path.display().to_string();
+    let connect = SqliteConnectOptions::from_str("sqlite:")
+        .map_err(|e| SqliteError::from_sqlx(e, &shown))?
+        .filename(path)
+        .create_if_missing(options.create_if_missing && !options.read_only)
+        .read_only(options.read_only);
+    // A read-only connection cannot switch the journal mode; the file keeps the one its
+    // writers gave it.
+    let connect = if options.read_only {
+        connect
+    } else {
+        connect.journal_mode(SqliteJournalMode::Wal)
+    };
+    let connect = connect
+        .synchronous(if options.full_sync {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
+        })
+        .busy_timeout(options.busy_timeout)
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(options.max_connections.max(1))
+        .min_connections(1)
+        .connect_with(connect)
+        .await
+        .map_err(|e| SqliteError::from_sqlx(e, &shown))?;
+    // A file that opens but cannot be read as a database, or written, says so now rather than
+    // at the first claim.
+    sqlx::query("SELECT count(*) FROM sqlite_master")
+        .execute(&pool)
+        .await
+        .map_err(|e| SqliteError::from_sqlx(e, &shown))?;
+    if !options.read_only {
+        sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+            .execute(&pool)
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, &shown))?;
+    }
+    Ok(pool)
+}
+
+/// A queue in a SQLite table. Cloning is cheap and shares everything.
+#[derive(Clone)]
+pub struct SqliteQueue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: SqlitePool,
+    config: SqliteQueueConfig,
+    /// The database's file name, for errors.
+    path: String,
+    sql: Arc<Sql>,
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for SqliteQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteQueue")
+            .field("table", &self.inner.config.table)
+            .field("queue", &self.inner.config.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every statement, rendered for one table.
+struct Sql {
+    insert: String,
+    holder: String,
+    pick: String,
+    claim: String,
+    fence_read: String,
+    finalize: String,
+    extend: String,
+    get: String,
+    status_of: String,
+    cancel_pending: String,
+    request_cancel: String,
+    counts: String,
+    stats: String,
+    finished_hour: String,
+    list: String,
+    find_unique: String,
+    retry: String,
+    purge: String,
+    pause: String,
+    control: String,
+    queues: String,
+    throughput: String,
+    record_stale: String,
+    note_served: String,
+}
+
+fn select_columns() -> String {
+    COLUMNS.map(|(name, _)| name).join(", ")
+}
+
+impl Sql {
+    fn new(table: &TableName) -> Self {
+        let t = format!("\"{table}\"");
+        let q = format!("\"{table}_queues\"");
+        let cols = select_columns();
+        let now = "unixepoch('subsec')";
+        Sql {
+            insert: format!(
+                "INSERT INTO {t} (queue, payload, priority, next_attempt_at, unique_key, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, CASE WHEN ?4 IS NOT NULL THEN ?4 ELSE {now} + coalesce(?5, 0) END,
+                         ?6, {now}, {now})
+                 ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+                 RETURNING id"
+            ),
+            holder: format!("SELECT id FROM {t} WHERE queue = ?1 AND unique_key = ?2"),
+            // The two picks, each an ordered scan of its partial index that stops after the
+            // batch; merged in claim order. A paused queue gives nothing.
+            pick: format!(
+                "SELECT id, reclaims, expired, cancel_requested FROM (
+                     SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
+                            cancel_requested_at IS NOT NULL AS cancel_requested
+                     FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
+                           WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
+                           ORDER BY next_attempt_at, priority, id LIMIT ?2)
+                     UNION ALL
+                     SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
+                            cancel_requested_at IS NOT NULL AS cancel_requested
+                     FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
+                           WHERE queue = ?1 AND status = 'in_flight'
+                             AND (lease_expires_at IS NULL OR lease_expires_at < {now})
+                           ORDER BY lease_expires_at LIMIT ?2)
+                 )
+                 WHERE NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ?1 AND paused_at IS NOT NULL)
+                 ORDER BY next_attempt_at, priority, id LIMIT ?2"
+            ),
+            claim: format!(
+                "UPDATE {t} SET status = 'in_flight', attempts = attempts + 1,
+                        reclaims = reclaims + (id IN (SELECT value FROM json_each(?2))),
+                        claimed_at = {now}, claimed_by = ?3, lease_expires_at = {now} + ?4,
+                        claim_generation = claim_generation + 1, updated_at = {now}
+                 WHERE id IN (SELECT value FROM json_each(?1))
+                 RETURNING id, claim_generation, attempts, reclaims, claimed_at, next_attempt_at,
+                           priority, payload"
+            ),
+            fence_read: format!(
+                "SELECT attempts, claim_generation, claimed_by, errors, status, {now} AS now
+                 FROM {t} WHERE id = ?1 AND queue = ?2"
+            ),
+            finalize: format!(
+                "UPDATE {t} SET status = ?3, attempts = attempts - ?4,
+                        next_attempt_at = CASE WHEN ?5 IS NOT NULL THEN ?5
+                                               WHEN ?6 IS NOT NULL THEN {now} + ?6
+                                               ELSE next_attempt_at END,
+                        last_error = coalesce(?7, last_error), errors = ?8,
+                        lease_expires_at = NULL, updated_at = {now},
+                        finished_at = CASE WHEN ?9 THEN {now} END
+                 WHERE id = ?1 AND queue = ?10 AND status = 'in_flight' AND claim_generation = ?2"
+            ),
+            extend: format!(
+                "UPDATE {t} SET claimed_at = {now}, lease_expires_at = {now} + ?3, updated_at = {now}
+                 WHERE id = ?1 AND queue = ?4 AND status = 'in_flight' AND claim_generation = ?2
+                 RETURNING cancel_requested_at IS NOT NULL AS cancel_requested"
+            ),
+            get: format!("SELECT {cols} FROM {t} WHERE id = ?1 AND queue = ?2"),
+            status_of: format!("SELECT status FROM {t} WHERE id = ?1 AND queue = ?2"),
+            cancel_pending: format!(
+                "UPDATE {t} SET status = 'cancelled', last_error = ?3, updated_at = {now},
+                        finished_at = {now}, lease_expires_at = NULL
+                 WHERE id = ?1 AND queue = ?2 AND status = 'pending'
+                 RETURNING {cols}"
+            ),
+            request_cancel: format!(
+                "UPDATE {t} SET cancel_requested_at = coalesce(cancel_requested_at, {now}),
+                        updated_at = {now}
+                 WHERE id = ?1 AND queue = ?2 AND status = 'in_flight'"
+            ),
+            counts: format!(
+                "SELECT status, count(*) AS jobs FROM {t} WHERE queue = ?1 GROUP BY status"
+            ),
+            stats: format!(
+                "SELECT
+                   (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE queue = ?1 AND status = 'pending'
+                                           AND next_attempt_at <= {now} LIMIT ?2)) AS due,
+                   (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE queue = ?1 AND status = 'pending'
+                                           AND next_attempt_at > {now} LIMIT ?2)) AS scheduled,
+                   (SELECT count(*) FROM {t} WHERE queue = ?1 AND status = 'in_flight') AS in_flight,
+                   (SELECT count(*) FROM {t} WHERE queue = ?1 AND status = 'in_flight'
+                      AND (lease_expires_at IS NULL OR lease_expires_at < {now})) AS expired,
+                   (SELECT count(*) FROM {t} WHERE queue = ?1 AND status = 'in_flight'
+                      AND lease_expires_at >= {now} AND lease_expires_at < {now} + ?3) AS expiring,
+                   (SELECT {now} - min(next_attempt_at) FROM {t} WHERE queue = ?1
+                      AND status = 'pending' AND next_attempt_at <= {now}) AS oldest_wait"
+            ),
+            finished_hour: format!(
+                "SELECT status, count(*) AS jobs FROM {t}
+                 WHERE finished_at IS NOT NULL AND finished_at > {now} - 3600 AND queue = ?1
+                 GROUP BY status"
+            ),
+            list: format!(
+                "SELECT {cols} FROM {t} WHERE queue = ?1 {{statuses}} AND (?2 IS NULL OR id < ?2)
+                 ORDER BY id DESC LIMIT ?3"
+            ),
+            find_unique: format!("SELECT {cols} FROM {t} WHERE queue = ?1 AND unique_key = ?2"),
+            retry: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, reclaims = 0,
+                        next_attempt_at = {now}, claimed_at = NULL, lease_expires_at = NULL,
+                        cancel_requested_at = NULL, finished_at = NULL, updated_at = {now}
+                 WHERE id = ?1 AND queue = ?2 AND status = ?3
+                 RETURNING {cols}"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE id IN (
+                     SELECT id FROM {t} INDEXED BY \"{table}_finished_idx\"
+                     WHERE finished_at IS NOT NULL AND finished_at < {now} - ?3 AND queue = ?1
+                       AND status IN (SELECT value FROM json_each(?2))
+                     ORDER BY finished_at LIMIT ?4)"
+            ),
+            pause: format!(
+                "INSERT INTO {q} (queue, paused_at, updated_at)
+                 VALUES (?1, CASE WHEN ?2 THEN {now} END, {now})
+                 ON CONFLICT (queue) DO UPDATE
+                 SET paused_at = CASE WHEN ?2 THEN coalesce(paused_at, {now}) END, updated_at = {now}
+                 RETURNING paused_at, stale_fences, last_stale_at"
+            ),
+            control: format!("SELECT paused_at, stale_fences, last_stale_at FROM {q} WHERE queue = ?1"),
+            // One index probe per queue and family (SQLite's min() reads an index's first
+            // entry), not a scan of the rows.
+            queues: format!(
+                "WITH RECURSIVE
+                 pending(queue) AS (
+                     SELECT min(queue) FROM {t} WHERE status = 'pending'
+                     UNION ALL
+                     SELECT (SELECT min(queue) FROM {t} WHERE status = 'pending' AND queue > p.queue)
+                     FROM pending AS p WHERE p.queue IS NOT NULL),
+                 running(queue) AS (
+                     SELECT min(queue) FROM {t} WHERE status = 'in_flight'
+                     UNION ALL
+                     SELECT (SELECT min(queue) FROM {t} WHERE status = 'in_flight' AND queue > r.queue)
+                     FROM running AS r WHERE r.queue IS NOT NULL),
+                 ended(queue) AS (
+                     SELECT min(queue) FROM {t} WHERE status IN ('failed', 'dead', 'cancelled')
+                     UNION ALL
+                     SELECT (SELECT min(queue) FROM {t}
+                             WHERE status IN ('failed', 'dead', 'cancelled') AND queue > e.queue)
+                     FROM ended AS e WHERE e.queue IS NOT NULL)
+                 SELECT queue FROM pending WHERE queue IS NOT NULL
+                 UNION SELECT queue FROM running WHERE queue IS NOT NULL
+                 UNION SELECT queue FROM ended WHERE queue IS NOT NULL
+                 UNION SELECT queue FROM {q}
+                       WHERE paused_at IS NOT NULL OR served_at IS NOT NULL OR stale_fences > 0
+                 ORDER BY 1"
+            ),
+            throughput: format!(
+                "SELECT CAST(finished_at / 60 AS INTEGER) AS minute, status, count(*) AS jobs
+                 FROM {t}
+                 WHERE finished_at IS NOT NULL AND finished_at >= ?2 AND queue = ?1
+                 GROUP BY 1, 2"
+            ),
+            record_stale: format!(
+                "INSERT INTO {q} (queue, stale_fences, last_stale_at, updated_at)
+                 VALUES (?1, ?2, {now}, {now})
+                 ON CONFLICT (queue) DO UPDATE
+                 SET stale_fences = stale_fences + excluded.stale_fences, last_stale_at = {now},
+                     updated_at = {now}"
+            ),
+            note_served: format!(
+                "INSERT INTO {q} (queue, served_at, updated_at) VALUES (?1, {now}, {now})
+                 ON CONFLICT (queue) DO UPDATE SET served_at = {now}, updated_at = {now}"
+            ),
+        }
+    }
+}
+
+/// An instant of the table (seconds since the epoch) as a time.
+fn instant(secs: f64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros((secs * 1e6).round() as i64).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+fn optional_instant(secs: Option<f64>) -> Option<DateTime<Utc>> {
+    secs.map(instant)
+}
+
+/// A time as an instant of the table.
+fn seconds(at: DateTime<Utc>) -> f64 {
+    at.timestamp_micros() as f64 / 1e6
+}
+
+fn status_of(id: i64, text: &str) -> Result<JobStatus, SqliteError> {
+    JobStatus::parse(text).ok_or_else(|| SqliteError::Corrupt {
+        id,
+        what: format!("the status {text:?}"),
+    })
+}
+
+fn record(row: &SqliteRow) -> Result<JobRecord, SqliteError> {
+    let db = SqliteError::Database;
+    let id: i64 = row.try_get("id").map_err(db)?;
+    let get_text = |c: &str| row.try_get::<String, _>(c).map_err(SqliteError::Database);
+    let payload_text = get_text("payload")?;
+    let payload: Value = serde_json::from_str(&payload_text).map_err(|_| SqliteError::Corrupt {
+        id,
+        what: "a payload that is not JSON".to_owned(),
+    })?;
+    let errors: Vec<ErrorEntry> = match serde_json::from_str::<Value>(&get_text("errors")?) {
+        Ok(Value::Array(entries)) => entries
+            .into_iter()
+            .filter_map(|e| serde_json::from_value(e).ok())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let f = |c: &str| row.try_get::<f64, _>(c).map_err(SqliteError::Database);
+    let of = |c: &str| {
+        row.try_get::<Option<f64>, _>(c)
+            .map_err(SqliteError::Database)
+    };
+    Ok(JobRecord {
+        id: JobId(id),
+        queue: get_text("queue")?,
+        status: status_of(id, &get_text("status")?)?,
+        payload,
+        priority: row.try_get::<i64, _>("priority").map_err(db)? as i16,
+        attempts: row.try_get::<i64, _>("attempts").map_err(db)? as i32,
+        reclaims: row.try_get::<i64, _>("reclaims").map_err(db)? as i32,
+        next_attempt_at: instant(f("next_attempt_at")?),
+        claimed_at: optional_instant(of("claimed_at")?),
+        lease_expires_at: optional_instant(of("lease_expires_at")?),
+        cancel_requested_at: optional_instant(of("cancel_requested_at")?),
+        claim_generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
+        last_error: row.try_get("last_error").map_err(db)?,
+        unique_key: row.try_get("unique_key").map_err(db)?,
+        created_at: instant(f("created_at")?),
+        updated_at: instant(f("updated_at")?),
+        finished_at: optional_instant(of("finished_at")?),
+        claimed_by: row.try_get("claimed_by").map_err(db)?,
+        errors,
+    })
+}
+
+fn control_of(row: Option<&SqliteRow>) -> Result<QueueControl, SqliteError> {
+    let Some(row) = row else {
+        return Ok(QueueControl::default());
+    };
+    let db = SqliteError::Database;
+    Ok(QueueControl {
+        paused_at: optional_instant(row.try_get("paused_at").map_err(db)?),
+        stale_fences: row.try_get::<i64, _>("stale_fences").map_err(db)?.max(0) as u64,
+        last_stale_at: optional_instant(row.try_get("last_stale_at").map_err(db)?),
+    })
+}
+
+/// `run_at` as the insert's two parameters: an instant, or a delay from SQLite's now.
+fn split_run_at(run_at: RunAt) -> (Option<f64>, Option<f64>) {
+    match queue_core::limits::storable_run_at(run_at) {
+        RunAt::Now => (None, None),
+        RunAt::After(delay) => (None, Some(delay.as_secs_f64())),
+        RunAt::At(at) => (Some(seconds(at)), None),
+    }
+}
+
+/// A transaction of the SQLite backend: `BEGIN IMMEDIATE`, so it holds the write lock from its
+/// first statement. Dropped without commit, it rolls back.
+pub struct SqliteTx {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    path: String,
+    wake: Option<Arc<Notify>>,
+}
+
+impl SqliteTx {
+    /// The transaction's connection, for a hook's own statements (its domain writes).
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl BackendTx for SqliteTx {
+    async fn commit(self) -> queue_core::Result<()> {
+        let path = self.path;
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, &path))?;
+        if let Some(wake) = self.wake {
+            wake.notify_waiters();
+        }
+        Ok(())
+    }
+
+    async fn rollback(self) -> queue_core::Result<()> {
+        let path = self.path;
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, &path))?;
+        Ok(())
+    }
+}
+
+/// The claim's pick rendered for `table`, for tests that read its plan (`EXPLAIN QUERY PLAN`):
+/// `?1` queue, `?2` batch size.
+#[doc(hidden)]
+pub fn pick_sql(table: &TableName) -> String {
+    Sql::new(table).pick
+}
+
+impl SqliteQueue {
+    /// A handle on `config.queue` of `config.table` in the database of `pool` (see
+    /// [`open_pool`]); refuses a table that is not on the lease schema.
+    pub async fn connect(pool: SqlitePool, config: SqliteQueueConfig) -> Result<Self, SqliteError> {
+        let path = pool.connect_options().get_filename().display().to_string();
+        schema::check(&pool, &config.table, &path).await?;
+        let sql = Arc::new(Sql::new(&config.table));
+        Ok(SqliteQueue {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                path,
+                sql,
+                wake: Arc::new(Notify::new()),
+            }),
+        })
+    }
+
+    /// Creates (if missing) a queue table named `table` in the database of `pool`.
+    pub async fn install_table(pool: &SqlitePool, table: &TableName) -> Result<(), SqliteError> {
+        let path = pool.connect_options().get_filename().display().to_string();
+        schema::install(pool, table, &path).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqliteQueueConfig {
+        &self.inner.config
+    }
+
+    fn err(&self, e: sqlx::Error) -> SqliteError {
+        SqliteError::from_sqlx(e, &self.inner.path)
+    }
+
+    async fn begin_immediate(&self) -> Result<SqliteTx, SqliteError> {
+        let tx = self
+            .inner
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(SqliteTx {
+            tx,
+            path: self.inner.path.clone(),
+            wake: None,
+        })
+    }
+
+    fn queue_str(&self) -> &str {
+        self.inner.config.queue.as_str()
+    }
+
+    async fn insert(
+        &self,
+        conn: &mut SqliteConnection,
+        job: NewJob,
+    ) -> Result<Enqueued, SqliteError> {
+        job.check_within(self.inner.config.max_payload_bytes)?;
+        let (at, delay) = split_run_at(job.run_at);
+        let payload = job.payload.to_string();
+        let inserted: Option<i64> =
+            sqlx::query_scalar(AssertSqlSafe(self.inner.sql.insert.as_str()))
+                .bind(self.queue_str())
+                .bind(&payload)
+                .bind(i64::from(job.priority))
+                .bind(at)
+                .bind(delay)
+                .bind(job.unique_key.as_deref())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        if let Some(id) = inserted {
+            return Ok(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            });
+        }
+        let key = job.unique_key.as_deref().unwrap_or_default();
+        let holder: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.holder.as_str()))
+            .bind(self.queue_str())
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(Enqueued {
+            id: JobId(holder),
+            duplicate: true,
+        })
+    }
+
+    async fn enqueue_rows(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, SqliteError> {
+        for job in &jobs {
+            job.check_within(self.inner.config.max_payload_bytes)?;
+        }
+        let mut tx = self.begin_immediate().await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            out.push(self.insert(tx.conn(), job).await?);
+        }
+        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        let new = out.iter().filter(|e| !e.duplicate).count() as u64;
+        queue_core::metrics::record_enqueued(&self.inner.config.queue, new);
+        self.inner.wake.notify_waiters();
+        Ok(out)
+    }
+
+    async fn claim_jobs(&self, request: &ClaimRequest) -> Result<ClaimBatch, SqliteError> {
+        let sql = &self.inner.sql;
+        let limit = i64::from(request.batch_size.max(1));
+        let mut tx = self.begin_immediate().await?;
+        let picked = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
+            .bind(self.queue_str())
+            .bind(limit)
+            .fetch_all(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        if picked.is_empty() {
+            tx.tx.rollback().await.map_err(|e| self.err(e))?;
+            return Ok(ClaimBatch::default());
+        }
+        let mut order = Vec::with_capacity(picked.len());
+        let mut expired = Vec::new();
+        let mut flags = std::collections::HashMap::new();
+        for row in &picked {
+            let id: i64 = row.try_get("id").map_err(SqliteError::Database)?;
+            let was_expired: bool = row.try_get("expired").map_err(SqliteError::Database)?;
+            let reclaims: i64 = row.try_get("reclaims").map_err(SqliteError::Database)?;
+            let cancel: bool = row
+                .try_get("cancel_requested")
+                .map_err(SqliteError::Database)?;
+            if was_expired {
+                expired.push(id);
+            }
+            order.push(id);
+            flags.insert(id, (was_expired, reclaims, cancel));
+        }
+        let ids = serde_json::to_string(&order).unwrap_or_default();
+        let expired_ids = serde_json::to_string(&expired).unwrap_or_default();
+        let rows = sqlx::query(AssertSqlSafe(sql.claim.as_str()))
+            .bind(&ids)
+            .bind(&expired_ids)
+            .bind(request.holder.as_deref())
+            .bind(request.lease.as_secs_f64())
+            .fetch_all(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let db = SqliteError::Database;
+            let id: i64 = row.try_get("id").map_err(db)?;
+            let (taken_over, reclaims_before, cancel_requested) =
+                flags.get(&id).copied().unwrap_or((false, 0, false));
+            let payload_text: String = row.try_get("payload").map_err(db)?;
+            jobs.push(ClaimedJob {
+                id: JobId(id),
+                generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
+                attempts: row.try_get::<i64, _>("attempts").map_err(db)? as i32,
+                reclaims: row.try_get::<i64, _>("reclaims").map_err(db)? as i32,
+                taken_over,
+                over_reclaim_cap: taken_over && reclaims_before >= i64::from(request.max_reclaims),
+                cancel_requested,
+                claimed_at: instant(row.try_get("claimed_at").map_err(db)?),
+                due_at: instant(row.try_get("next_attempt_at").map_err(db)?),
+                priority: row.try_get::<i64, _>("priority").map_err(db)? as i16,
+                payload: serde_json::from_str(&payload_text).unwrap_or(Value::Null),
+            });
+        }
+        let position: std::collections::HashMap<i64, usize> =
+            order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        jobs.sort_by_key(|j| position.get(&j.id.0).copied().unwrap_or(usize::MAX));
+        Ok(ClaimBatch { jobs })
+    }
+
+    /// The fenced write of one outcome, on a connection inside a write transaction.
+    async fn finalize_one(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: Claim,
+        action: &Finalize,
+    ) -> Result<FinalizeOutcome, SqliteError> {
+        let sql = &self.inner.sql;
+        let action = action.storable();
+        let Some(row) = sqlx::query(AssertSqlSafe(sql.fence_read.as_str()))
+            .bind(claim.id.0)
+            .bind(self.queue_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(FinalizeOutcome::Stale);
+        };
+        let db = SqliteError::Database;
+        let status: String = row.try_get("status").map_err(db)?;
+        let generation: i64 = row.try_get("claim_generation").map_err(db)?;
+        if status != JobStatus::InFlight.as_str() || generation != claim.generation.0 {
+            return Ok(FinalizeOutcome::Stale);
+        }
+        let attempts: i64 = row.try_get("attempts").map_err(db)?;
+        let holder: Option<String> = row.try_get("claimed_by").map_err(db)?;
+        let now: f64 = row.try_get("now").map_err(db)?;
+        let errors_text: String = row.try_get("errors").map_err(db)?;
+        let mut errors: Vec<Value> = match serde_json::from_str(&errors_text) {
+            Ok(Value::Array(entries)) => entries,
+            _ => Vec::new(),
+        };
+        if let Some(error) = action.error_text() {
+            errors.push(serde_json::json!({
+                "attempt": attempts,
+                "generation": generation,
+                "at": instant(now),
+                "worker": holder,
+                "outcome": action.kind(),
+                "error": queue_core::limits::history_text(error),
+            }));
+            let keep = queue_core::limits::ERROR_HISTORY_LEN;
+            if errors.len() > keep {
+                errors.drain(..errors.len() - keep);
+            }
+        }
+        let (at, delay) = match &action {
+            // A retry always moves next_attempt_at: "now" is a delay of zero.
+            Finalize::Retry { at, .. } => match split_run_at(*at) {
+                (None, None) => (None, Some(0.0)),
+                other => other,
+            },
+            _ => (None, None),
+        };
+        let target = action.target_status();
+        let done = sqlx::query(AssertSqlSafe(sql.finalize.as_str()))
+            .bind(claim.id.0)
+            .bind(claim.generation.0)
+            .bind(target.as_str())
+            .bind(i64::from(matches!(action, Finalize::Release)))
+            .bind(at)
+            .bind(delay)
+            .bind(action.error_text())
+            .bind(Value::Array(errors).to_string())
+            .bind(target.is_terminal())
+            .bind(self.queue_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(FinalizeOutcome::from_rows_affected(done.rows_affected()))
+    }
+
+    async fn fetch_records(
+        &self,
+        sql: &str,
+        binds: impl FnOnce(
+            sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        )
+            -> sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<Vec<JobRecord>, SqliteError> {
+        let rows = binds(sqlx::query(AssertSqlSafe(sql)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter().map(record).collect()
+    }
+}
+
+impl Backend for SqliteQueue {
+    type Tx = SqliteTx;
+
+    fn queue(&self) -> &QueueName {
+        &self.inner.config.queue
+    }
+
+    async fn enqueue(&self, job: NewJob) -> queue_core::Result<Enqueued> {
+        let mut out = self.enqueue_rows(vec![job]).await?;
+        Ok(out.remove(0))
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>) -> queue_core::Result<Vec<Enqueued>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.enqueue_rows(jobs).await?)
+    }
+
+    async fn enqueue_in(&self, tx: &mut SqliteTx, job: NewJob) -> queue_core::Result<Enqueued> {
+        let enqueued = self.insert(tx.conn(), job).await?;
+        queue_core::metrics::record_enqueued(
+            &self.inner.config.queue,
+            u64::from(!enqueued.duplicate),
+        );
+        if !enqueued.duplicate {
+            tx.wake = Some(self.inner.wake.clone());
+        }
+        Ok(enqueued)
+    }
+
+    async fn begin(&self) -> queue_core::Result<SqliteTx> {
+        Ok(self.begin_immediate().await?)
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> queue_core::Result<ClaimBatch> {
+        Ok(self.claim_jobs(&request).await?)
+    }
+
+    async fn finalize_in(
+        &self,
+        tx: &mut SqliteTx,
+        claim: Claim,
+        action: &Finalize,
+    ) -> queue_core::Result<FinalizeOutcome> {
+        let outcome = self.finalize_one(tx.conn(), claim, action).await?;
+        if outcome.is_applied() && matches!(action, Finalize::Release | Finalize::Retry { .. }) {
+            tx.wake = Some(self.inner.wake.clone());
+        }
+        Ok(outcome)
+    }
+
+    async fn finalize_many(
+        &self,
+        items: &[(Claim, Finalize)],
+    ) -> queue_core::Result<Vec<FinalizeOutcome>> {
+        queue_core::limits::check_batch(items)?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (claim, action) in items {
+            outcomes.push(self.finalize_one(tx.conn(), *claim, action).await?);
+        }
+        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        self.inner.wake.notify_waiters();
+        Ok(outcomes)
+    }
+
+    async fn extend_lease(&self, claim: Claim, lease: Lease) -> queue_core::Result<Heartbeat> {
+        let row: Option<bool> = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.extend.as_str()))
+            .bind(claim.id.0)
+            .bind(claim.generation.0)
+            .bind(lease.as_secs_f64())
+            .bind(self.queue_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match row {
+            None => Heartbeat::Lost,
+            Some(true) => Heartbeat::CancelRequested,
+            Some(false) => Heartbeat::Held,
+        })
+    }
+
+    async fn cancel_in(&self, tx: &mut SqliteTx, id: JobId) -> queue_core::Result<CancelTarget> {
+        let sql = &self.inner.sql;
+        let cancelled = sqlx::query(AssertSqlSafe(sql.cancel_pending.as_str()))
+            .bind(id.0)
+            .bind(self.queue_str())
+            .bind(CANCELLED_BY_OPERATOR)
+            .fetch_optional(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(row) = cancelled {
+            return Ok(CancelTarget::Cancelled(record(&row)?.as_claimed()));
+        }
+        let requested = sqlx::query(AssertSqlSafe(sql.request_cancel.as_str()))
+            .bind(id.0)
+            .bind(self.queue_str())
+            .execute(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        if requested.rows_affected() > 0 {
+            return Ok(CancelTarget::Requested);
+        }
+        let status: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.status_of.as_str()))
+            .bind(id.0)
+            .bind(self.queue_str())
+            .fetch_optional(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match status {
+            None => CancelTarget::NotFound,
+            Some(status) => CancelTarget::AlreadyTerminal(status_of(id.0, &status)?),
+        })
+    }
+
+    async fn get(&self, id: JobId) -> queue_core::Result<Option<JobRecord>> {
+        let queue = self.queue_str().to_owned();
+        let rows = self
+            .fetch_records(&self.inner.sql.get, |q| q.bind(id.0).bind(queue))
+            .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn counts(&self) -> queue_core::Result<QueueCounts> {
+        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.counts.as_str()))
+            .bind(self.queue_str())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut counts = QueueCounts::default();
+        for row in rows {
+            let status: String = row.try_get("status").map_err(SqliteError::Database)?;
+            let jobs: i64 = row.try_get("jobs").map_err(SqliteError::Database)?;
+            counts.add(status_of(-1, &status)?, jobs.max(0) as u64);
+        }
+        Ok(counts)
+    }
+
+    async fn stats(&self, window: Duration) -> queue_core::Result<QueueStats> {
+        let sql = &self.inner.sql;
+        let row = sqlx::query(AssertSqlSafe(sql.stats.as_str()))
+            .bind(self.queue_str())
+            .bind(QueueStats::COUNT_CAP as i64)
+            .bind(window.as_secs_f64())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let db = SqliteError::Database;
+        let n = |c: &str| row.try_get::<i64, _>(c).map(|n| n.max(0) as u64);
+        let wait: Option<f64> = row.try_get("oldest_wait").map_err(db)?;
+        let mut stats = QueueStats {
+            due: n("due").map_err(SqliteError::Database)?,
+            scheduled: n("scheduled").map_err(SqliteError::Database)?,
+            in_flight: n("in_flight").map_err(SqliteError::Database)?,
+            lease_expired: n("expired").map_err(SqliteError::Database)?,
+            lease_expiring: n("expiring").map_err(SqliteError::Database)?,
+            oldest_due_wait: wait.map(|w| Duration::from_secs_f64(w.max(0.0))),
+            finished_last_hour: FinishedCounts::default(),
+        };
+        let rows = sqlx::query(AssertSqlSafe(sql.finished_hour.as_str()))
+            .bind(self.queue_str())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        for row in rows {
+            let status: String = row.try_get("status").map_err(SqliteError::Database)?;
+            let jobs: i64 = row.try_get("jobs").map_err(SqliteError::Database)?;
+            stats
+                .finished_last_hour
+                .add(status_of(-1, &status)?, jobs.max(0) as u64);
+        }
+        Ok(stats)
+    }
+
+    fn wake_signal(&self) -> Option<Arc<Notify>> {
+        Some(self.inner.wake.clone())
+    }
+
+    async fn note_served(&self) -> queue_core::Result<()> {
+        sqlx::query(AssertSqlSafe(self.inner.sql.note_served.as_str()))
+            .bind(self.queue_str())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn record_stale(&self, count: u64) -> queue_core::Result<()> {
+        sqlx::query(AssertSqlSafe(self.inner.sql.record_stale.as_str()))
+            .bind(self.queue_str())
+            .bind(i64::try_from(count).unwrap_or(i64::MAX))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+/// The `AND status IN (…)` of a listing, from [`JobStatus`] values only.
+fn status_filter(statuses: &[JobStatus]) -> String {
+    if statuses.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = statuses
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    format!("AND status IN ({})", list.join(", "))
+}
+
+impl queue_core::Admin for SqliteQueue {
+    async fn list_jobs(&self, filter: &JobFilter) -> queue_core::Result<JobPage> {
+        let text = self
+            .inner
+            .sql
+            .list
+            .replace("{statuses}", &status_filter(&filter.statuses));
+        let queue = self.queue_str().to_owned();
+        let rows = self
+            .fetch_records(&text, |q| {
+                q.bind(queue)
+                    .bind(filter.before.map(|id| id.0))
+                    .bind(i64::from(filter.limit) + 1)
+            })
+            .await?;
+        Ok(JobPage::from_rows(rows, filter.limit))
+    }
+
+    async fn find_by_unique_key(&self, key: &str) -> queue_core::Result<Option<JobRecord>> {
+        let (queue, key) = (self.queue_str().to_owned(), key.to_owned());
+        let rows = self
+            .fetch_records(&self.inner.sql.find_unique, |q| q.bind(queue).bind(key))
+            .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn retry_in(
+        &self,
+        tx: &mut SqliteTx,
+        id: JobId,
+        seen: JobStatus,
+    ) -> queue_core::Result<RetryTarget> {
+        let sql = &self.inner.sql;
+        let reopened = sqlx::query(AssertSqlSafe(sql.retry.as_str()))
+            .bind(id.0)
+            .bind(self.queue_str())
+            .bind(seen.as_str())
+            .fetch_optional(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(row) = reopened {
+            tx.wake = Some(self.inner.wake.clone());
+            return Ok(RetryTarget::Retried(Box::new(record(&row)?)));
+        }
+        let status: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.status_of.as_str()))
+            .bind(id.0)
+            .bind(self.queue_str())
+            .fetch_optional(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match status {
+            None => RetryTarget::NotFound,
+            Some(status) => RetryTarget::WrongState(status_of(id.0, &status)?),
+        })
+    }
+
+    async fn purge_batch(&self, request: &PurgeRequest) -> queue_core::Result<u64> {
+        let statuses: Vec<&str> = request.statuses().iter().map(|s| s.as_str()).collect();
+        let deleted = sqlx::query(AssertSqlSafe(self.inner.sql.purge.as_str()))
+            .bind(self.queue_str())
+            .bind(serde_json::to_string(&statuses).unwrap_or_default())
+            .bind(request.older_than().as_secs_f64())
+            .bind(i64::from(request.rows_per_batch()))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        queue_core::events::jobs_purged(&self.inner.config.queue, deleted);
+        Ok(deleted)
+    }
+
+    async fn pause(&self) -> queue_core::Result<QueueControl> {
+        Ok(self.set_paused(true).await?)
+    }
+
+    async fn resume(&self) -> queue_core::Result<QueueControl> {
+        let control = self.set_paused(false).await?;
+        self.inner.wake.notify_waiters();
+        Ok(control)
+    }
+
+    async fn control(&self) -> queue_core::Result<QueueControl> {
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.control.as_str()))
+            .bind(self.queue_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(control_of(row.as_ref())?)
+    }
+
+    async fn queues(&self) -> queue_core::Result<Vec<QueueName>> {
+        let names: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.queues.as_str()))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        names
+            .into_iter()
+            .map(|name| QueueName::new(name).map_err(Into::into))
+            .collect()
+    }
+
+    fn for_queue(&self, queue: QueueName) -> Self {
+        let inner = &self.inner;
+        SqliteQueue {
+            inner: Arc::new(Inner {
+                pool: inner.pool.clone(),
+                config: SqliteQueueConfig {
+                    queue,
+                    ..inner.config.clone()
+                },
+                path: inner.path.clone(),
+                sql: inner.sql.clone(),
+                wake: inner.wake.clone(),
+            }),
+        }
+    }
+
+    async fn throughput(&self, minutes: u32) -> queue_core::Result<Vec<MinuteCounts>> {
+        let minutes = i64::from(minutes.clamp(1, 1_440));
+        let now: f64 = sqlx::query_scalar("SELECT unixepoch('subsec')")
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let current = (now / 60.0).floor() as i64;
+        let first = current - minutes + 1;
+        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.throughput.as_str()))
+            .bind(self.queue_str())
+            .bind((first * 60) as f64)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut out: Vec<MinuteCounts> = (first..=current)
+            .map(|m| MinuteCounts {
+                minute: instant((m * 60) as f64),
+                finished: FinishedCounts::default(),
+            })
+            .collect();
+        for row in rows {
+            let minute: i64 = row.try_get("minute").map_err(SqliteError::Database)?;
+            let status: String = row.try_get("status").map_err(SqliteError::Database)?;
+            let jobs: i64 = row.try_get("jobs").map_err(SqliteError::Database)?;
+            if let Some(slot) = out.get_mut((minute - first).clamp(0, minutes - 1) as usize) {
+                slot.finished
+                    .add(status_of(-1, &status)?, jobs.max(0) as u64);
+            }
+        }
+        Ok(out)
+    }
+
+    // A claim holds the write lock for its whole transaction, and a pause waits for it: once
+    // the pause committed, no claim that read the queue as running is still running. Nothing to
+    // wait for.
+    async fn settle_claims(&self) -> queue_core::Result<()> {
+        Ok(())
+    }
+}
+
+impl SqliteQueue {
+    async fn set_paused(&self, paused: bool) -> Result<QueueControl, SqliteError> {
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.pause.as_str()))
+            .bind(self.queue_str())
+            .bind(paused)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        queue_core::events::queue_paused(&self.inner.config.queue, paused);
+        control_of(Some(&row))
+    }
+}

@@ -1,0 +1,389 @@
+//! Behaviour only a SQLite file can show: the claim's plan, worker processes racing on one file,
+//! a worker killed mid-job, and the files the backend refuses.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use queue_core::{
+    Backend, ClaimGeneration, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease,
+    NewJob,
+};
+use queue_sqlite::{
+    OpenFailure, OpenOptions, SqliteError, SqliteQueue, SqliteQueueConfig, TableName,
+};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A directory of the test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("queue-sqlite-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn db(&self) -> PathBuf {
+        self.0.join("queue.db")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn queue_at(path: &Path, options: &OpenOptions) -> SqliteQueue {
+    let pool = queue_sqlite::open_pool(path, options).await.expect("open");
+    queue_sqlite::migrate(&pool).await.expect("migrate");
+    SqliteQueue::connect(pool, SqliteQueueConfig::default())
+        .await
+        .expect("the schema check")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_reads_its_partial_indexes_whatever_the_backlog() {
+    let scratch = Scratch::new("plan");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    sqlx::raw_sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+         INSERT INTO queue_jobs (queue, status, finished_at, next_attempt_at)
+             SELECT 'default', 'completed', unixepoch('subsec') - 86400, unixepoch('subsec') - 90000 FROM n;
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+         INSERT INTO queue_jobs (queue, next_attempt_at) SELECT 'default', unixepoch('subsec') - i FROM n;
+         ANALYZE;",
+    )
+    .execute(queue.pool())
+    .await
+    .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT detail FROM (EXPLAIN QUERY PLAN {})",
+        queue_sqlite::pick_sql(&TableName::default())
+    )))
+    .bind("default")
+    .bind(10_i64)
+    .fetch_all(queue.pool())
+    .await
+    .unwrap_or_default();
+    // sqlx cannot select from EXPLAIN: read the plan rows directly.
+    let plan = if plan.is_empty() {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {}",
+            queue_sqlite::pick_sql(&TableName::default())
+        )))
+        .bind("default")
+        .bind(10_i64)
+        .fetch_all(queue.pool())
+        .await
+        .unwrap();
+        rows.iter()
+            .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+            .collect()
+    } else {
+        plan
+    };
+    let text = plan.join("\n");
+    assert!(text.contains("USING INDEX queue_jobs_due_idx"), "{text}");
+    assert!(text.contains("USING INDEX queue_jobs_expiry_idx"), "{text}");
+    assert!(
+        !plan
+            .iter()
+            .any(|step| step.starts_with("SCAN queue_jobs") && !step.contains("INDEX")),
+        "a pick scans the table: {text}"
+    );
+    // The picks' own order comes from their indexes; only the merge of two batches sorts.
+    assert!(
+        plan.iter().filter(|s| s.contains("TEMP B-TREE")).count() <= 1,
+        "{text}"
+    );
+    let started = std::time::Instant::now();
+    let batch = queue
+        .claim(ClaimRequest::new(100, Lease::DEFAULT))
+        .await
+        .unwrap();
+    assert_eq!(batch.jobs.len(), 100);
+    println!(
+        "claim of 100 among 100k due and 100k completed: {:?}",
+        started.elapsed()
+    );
+}
+
+/// The child side of the process tests: a worker process on the file named by the
+/// environment. Runs only when the parent test starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of the process tests, started by them"]
+async fn child_worker() {
+    let db = std::env::var("QUEUE_SQLITE_CHILD_DB").expect("started by a parent test");
+    let mode = std::env::var("QUEUE_SQLITE_CHILD_MODE").unwrap_or_default();
+    let queue = {
+        let pool = queue_sqlite::open_pool(&db, &OpenOptions::default())
+            .await
+            .unwrap();
+        SqliteQueue::connect(pool, SqliteQueueConfig::default())
+            .await
+            .unwrap()
+    };
+    let holder = format!("child:{}", std::process::id());
+    if mode == "hold" {
+        // Claim one job, say so, and hang on to it until killed.
+        let job = queue
+            .claim(ClaimRequest::new(1, Lease::from_secs(30).unwrap()).holder(&holder))
+            .await
+            .unwrap()
+            .jobs
+            .remove(0);
+        println!("claimed {} {}", job.id.0, job.generation.0);
+        std::future::pending::<()>().await;
+    }
+    let mut empty = 0;
+    while empty < 3 {
+        let jobs = queue
+            .claim(ClaimRequest::new(25, Lease::DEFAULT).holder(&holder))
+            .await
+            .unwrap()
+            .jobs;
+        if jobs.is_empty() {
+            empty += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        empty = 0;
+        let items: Vec<_> = jobs
+            .iter()
+            .map(|j| (j.claim(), Finalize::Complete))
+            .collect();
+        let outcomes = queue.finalize_many(&items).await.unwrap();
+        for (job, outcome) in jobs.iter().zip(outcomes) {
+            assert_eq!(outcome, FinalizeOutcome::Applied);
+            println!("done {} {}", job.id.0, job.generation.0);
+        }
+    }
+}
+
+/// What follows `marker` on a child's line: libtest writes `test child_worker ... ` with no
+/// newline, so the child's first line of its own follows that on the same line.
+fn marked<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    line.find(marker).map(|at| &line[at + marker.len()..])
+}
+
+fn child(db: &Path, mode: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "child_worker",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("QUEUE_SQLITE_CHILD_DB", db)
+        .env("QUEUE_SQLITE_CHILD_MODE", mode)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Four worker processes drain one file at once: every job is claimed and completed exactly
+/// once, none is lost, each under generation 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_racing_on_one_file_take_each_job_once() {
+    let scratch = Scratch::new("race");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    const JOBS: usize = 2_000;
+    queue
+        .enqueue_many(
+            (0..JOBS)
+                .map(|n| NewJob::new(&json!({ "n": n })).unwrap())
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let mut children = Vec::new();
+    for _ in 0..4 {
+        children.push(
+            child(&scratch.db(), "drain")
+                .spawn()
+                .expect("a worker process"),
+        );
+    }
+    let mut done: Vec<(i64, i64)> = Vec::new();
+    for mut worker in children {
+        let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = marked(&line, "done ") {
+                let (id, generation) = rest.split_once(' ').unwrap();
+                done.push((id.parse().unwrap(), generation.parse().unwrap()));
+            }
+        }
+        assert!(
+            worker.wait().await.unwrap().success(),
+            "a worker process failed"
+        );
+    }
+    done.sort_unstable();
+    let ids: Vec<i64> = done.iter().map(|(id, _)| *id).collect();
+    let mut unique = ids.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "a job was completed twice");
+    assert_eq!(ids.len(), JOBS, "jobs were lost");
+    assert!(done.iter().all(|(_, generation)| *generation == 1));
+    let counts = queue.counts().await.unwrap();
+    assert_eq!(
+        (counts.completed, counts.pending, counts.in_flight),
+        (JOBS as u64, 0, 0)
+    );
+}
+
+/// A worker process killed (SIGKILL) while it holds a job: the file is intact, the job is taken
+/// over once its lease has passed, under the next generation, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_process_loses_nothing_and_its_job_is_taken_over() {
+    let scratch = Scratch::new("kill");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    for n in 0..5 {
+        queue
+            .enqueue(NewJob::new(&json!({ "n": n })).unwrap())
+            .await
+            .unwrap();
+    }
+    let mut worker = child(&scratch.db(), "hold").spawn().unwrap();
+    let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
+    let (held, generation) = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the worker claims")
+            .unwrap()
+            .expect("a line");
+        if let Some(rest) = marked(&line, "claimed ") {
+            let (id, generation) = rest.split_once(' ').unwrap();
+            break (
+                JobId(id.parse().unwrap()),
+                generation.parse::<i64>().unwrap(),
+            );
+        }
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    worker.wait().await.unwrap();
+    // Not before its lease: the job is the dead worker's still.
+    let early = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert!(
+        early.iter().all(|j| j.id != held),
+        "taken over before its lease passed"
+    );
+    for job in &early {
+        let released = queue
+            .finalize(job.claim(), &Finalize::Release)
+            .await
+            .unwrap();
+        assert_eq!(released, FinalizeOutcome::Applied);
+    }
+    // Its 30 s lease passes (the stored expiry moved back, by SQLite's clock).
+    sqlx::query("UPDATE queue_jobs SET lease_expires_at = lease_expires_at - 31 WHERE id = ?1")
+        .bind(held.0)
+        .execute(queue.pool())
+        .await
+        .unwrap();
+    let taken = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    let job = taken
+        .iter()
+        .find(|j| j.id == held)
+        .expect("taken over after its lease");
+    assert_eq!(job.generation, ClaimGeneration(generation + 1));
+    assert!(job.taken_over);
+    assert_eq!(taken.len(), 5, "every job is still there");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_files_are_refused_with_a_typed_error() {
+    let scratch = Scratch::new("bad");
+    // A directory that does not exist.
+    let err = queue_sqlite::open_pool(scratch.0.join("nowhere/queue.db"), &OpenOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::Open {
+                reason: OpenFailure::MissingDirectory,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A file that is not a database.
+    let garbage = scratch.0.join("garbage.db");
+    std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+    let err = queue_sqlite::open_pool(&garbage, &OpenOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::Open {
+                reason: OpenFailure::Corrupt,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("garbage.db"), "{err}");
+    // A database opened read-only: reads work, every write is refused, typed.
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    queue.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    queue.pool().close().await;
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let pool = queue_sqlite::open_pool(scratch.db(), &read_only)
+        .await
+        .unwrap();
+    let reader = SqliteQueue::connect(pool, SqliteQueueConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(reader.counts().await.unwrap().pending, 1);
+    let refused = reader.enqueue(NewJob::new(&2).unwrap()).await.unwrap_err();
+    assert!(refused.to_string().contains("read-only"), "{refused}");
+    assert!(!refused.is_transient());
+    // Locked by another writer past the busy timeout: Busy, transient, nothing written.
+    let patient = OpenOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..OpenOptions::default()
+    };
+    let queue = queue_at(&scratch.db(), &patient).await;
+    let other = queue_at(&scratch.db(), &patient).await;
+    let mut holder = queue.pool().acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let busy = other.enqueue(NewJob::new(&3).unwrap()).await.unwrap_err();
+    assert!(busy.is_transient(), "{busy}");
+    assert!(busy.to_string().contains("locked"), "{busy}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    drop(holder);
+    assert_eq!(
+        other.counts().await.unwrap().pending,
+        1,
+        "the refused enqueue wrote nothing"
+    );
+    let status = other.get(JobId(1)).await.unwrap().unwrap().status;
+    assert_eq!(status, JobStatus::Pending);
+}
