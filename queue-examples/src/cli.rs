@@ -160,19 +160,32 @@ impl WorkerArgs {
     }
 }
 
+/// Where `exchange-demo` keeps the exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoBackend {
+    /// A SQLite file (in a temporary directory unless `--db-path`): durable, nothing to install.
+    Sqlite,
+    /// A scratch database in the PostgreSQL of `--database-url` / `DATABASE_URL`.
+    Postgres,
+    /// The in-memory backend: the logic without durability (no `--kill`).
+    Memory,
+}
+
 /// The flags of `exchange-demo`.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "exchange-demo",
-    about = "The exchange send queue under a rolling restart, against a local partner that \
-             counts duplicate POSTs; on PostgreSQL when --database-url or DATABASE_URL is set \
-             (in a scratch database it creates and drops), otherwise in memory."
+    about = "The exchange send queue under a rolling restart (or, with --kill, worker processes \
+             killed mid-send), against a local partner that counts duplicate POSTs. On a SQLite \
+             file by default; on PostgreSQL when --database-url or DATABASE_URL is set (in a \
+             scratch database it creates and drops); in memory with --backend memory."
 )]
 pub struct DemoArgs {
     /// Transmissions to send.
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub jobs: u64,
-    /// Worker handles (restarted one after the other halfway through).
+    /// Workers: tasks restarted one after the other halfway through, or with --kill the
+    /// worker processes kept running.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub workers: u64,
     /// Sends at once per worker.
@@ -181,15 +194,42 @@ pub struct DemoArgs {
     /// The share of POSTs the partner answers 503 (retried), in [0, 1).
     #[arg(long, default_value_t = 0.05, value_parser = fail_rate)]
     pub fail_rate: f64,
-    /// The database; a scratch database is created in it and dropped after.
+    /// The store (default: postgres when a database URL is given, otherwise sqlite).
+    #[arg(long, value_enum)]
+    pub backend: Option<DemoBackend>,
+    /// The PostgreSQL server; a scratch database is created in it and dropped after.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Keep the scratch database.
+    /// The SQLite file (default: one in a new temporary directory, removed after the run).
+    #[arg(long, value_name = "FILE")]
+    pub db_path: Option<PathBuf>,
+    /// Keep the scratch database or the SQLite file.
     #[arg(long)]
     pub keep_db: bool,
+    /// Run the workers as processes and kill some with SIGKILL mid-send (instead of the
+    /// rolling restart); every duplicate POST must be explained by a kill.
+    #[arg(long)]
+    pub kill: bool,
+    /// With --kill: the most worker processes killed.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub kills: u64,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Run as one of --kill's worker processes (started by the demo itself).
+    #[arg(long, hide = true)]
+    pub worker: bool,
+}
+
+impl DemoArgs {
+    /// The store asked for: `--backend`, else postgres when a database URL is set, else sqlite.
+    pub fn backend(&self) -> DemoBackend {
+        match (self.backend, &self.database_url) {
+            (Some(backend), _) => backend,
+            (None, Some(url)) if !url.is_empty() => DemoBackend::Postgres,
+            (None, _) => DemoBackend::Sqlite,
+        }
+    }
 }
 
 fn fail_rate(value: &str) -> Result<f64, String> {
@@ -277,7 +317,21 @@ mod tests {
         };
         let args = demo("--jobs 10 --keep-db").unwrap();
         assert_eq!((args.jobs, args.workers, args.keep_db), (10, 4, true));
+        // DATABASE_URL, when the environment has one, stands for --database-url.
+        let from_env = std::env::var("DATABASE_URL").is_ok_and(|url| !url.is_empty());
+        let default = if from_env {
+            DemoBackend::Postgres
+        } else {
+            DemoBackend::Sqlite
+        };
+        assert_eq!(args.backend(), default);
+        let args = demo("--database-url postgres://h/db").unwrap();
+        assert_eq!(args.backend(), DemoBackend::Postgres);
+        let args = demo("--backend memory --database-url postgres://h/db").unwrap();
+        assert_eq!(args.backend(), DemoBackend::Memory);
         for bad in [
+            "--backend mysql",
+            "--kills 0",
             "--jobs 0",
             "--fail-rate 1",
             "--fail-rate many",

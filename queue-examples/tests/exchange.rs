@@ -12,7 +12,8 @@ use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
 use queue_examples::exchange::{
     EventType, ExchangeConfig, ExchangeStore, HttpPartner, MIGRATOR, MemExchange, Partners,
-    PgExchange, RetryOutcome, SendHandler, SendPayload, TransactionStatus, TransactionView,
+    PgExchange, RetryOutcome, SendHandler, SendPayload, SqliteExchange, TransactionStatus,
+    TransactionView,
 };
 use queue_postgres::testing::ScratchDb;
 use queue_postgres::{LegacyUpgrade, TableName};
@@ -25,6 +26,26 @@ async fn exchange_db() -> (ScratchDb, PgExchange) {
         .await
         .expect("the exchange's migrations apply and the upgraded table passes the schema check");
     (db, store)
+}
+
+/// A directory of the test's own for a SQLite file, removed when dropped.
+struct SqliteDir(std::path::PathBuf);
+
+impl Drop for SqliteDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The exchange on a SQLite file of the test's own, with the exchange's SQLite migrations.
+async fn sqlite_exchange(name: &str) -> (SqliteDir, SqliteExchange) {
+    let dir = std::env::temp_dir().join(format!("exchange-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = SqliteExchange::open(dir.join("exchange.db"), &Default::default())
+        .await
+        .expect("the exchange's SQLite migrations apply and the table passes the schema check");
+    (SqliteDir(dir), store)
 }
 
 /// A local partner `acme` that accepts every POST after `latency`.
@@ -141,6 +162,223 @@ async fn rolling_restart_under_load_in_memory_sends_each_transmission_once() {
     assert!(report.is_clean(), "{report}");
     let summary = store.summary().await.unwrap();
     assert_eq!(summary.sent_events + summary.failed_events, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_restart_under_load_on_sqlite_sends_each_transmission_once() {
+    let (_dir, store) = sqlite_exchange("restart").await;
+    let report = demo::run(store.clone(), "sqlite", &small_demo())
+        .await
+        .unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.sent + report.failed, 600, "{report}");
+    let summary = store.summary().await.unwrap();
+    assert_eq!(summary.sent_events, summary.success);
+    assert_eq!(summary.failed_events, summary.failed);
+}
+
+/// The `summary:` line of an `exchange-demo` run, as `key=value` pairs.
+fn demo_summary(stdout: &[u8]) -> HashMap<String, String> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("summary: "))
+        .unwrap_or_else(|| panic!("no summary line in:\n{text}"));
+    line.split_whitespace()
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `exchange-demo` with nothing but cargo: a SQLite file in a temporary directory, the rolling
+/// restart, every transmission sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_on_a_sqlite_file_by_default() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_exchange-demo"))
+        .args(["--jobs", "400", "--no-progress"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let summary = demo_summary(&output.stdout);
+    assert_eq!(summary["backend"], "sqlite");
+    assert_eq!(summary["mode"], "restart");
+    assert_eq!(summary["duplicate_posts"], "0");
+    assert_eq!(summary["conflicting_events"], "0");
+    let ended: u64 =
+        summary["sent"].parse::<u64>().unwrap() + summary["failed"].parse::<u64>().unwrap();
+    assert_eq!(ended, 400);
+}
+
+/// `exchange-demo --kill` on its SQLite file: worker processes killed with SIGKILL mid-send,
+/// replaced, and the run still ends with every job terminal, no conflicting or duplicate event,
+/// and every duplicate POST tied to a kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_kill_mode_explains_every_duplicate_post_by_a_kill() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_exchange-demo"))
+        .args([
+            "--jobs",
+            "800",
+            "--workers",
+            "3",
+            "--kill",
+            "--kills",
+            "4",
+            "--no-progress",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let summary = demo_summary(&output.stdout);
+    assert_eq!(
+        (summary["backend"].as_str(), summary["mode"].as_str()),
+        ("sqlite", "kill")
+    );
+    let kills: u64 = summary["kills"].parse().unwrap();
+    assert!(kills >= 1, "no worker was killed: {stdout}");
+    assert_eq!(summary["duplicate_posts"], summary["explained"], "{stdout}");
+    assert_eq!(summary["conflicting_events"], "0");
+    let ended: u64 =
+        summary["sent"].parse::<u64>().unwrap() + summary["failed"].parse::<u64>().unwrap();
+    assert_eq!(ended, 800);
+    assert_eq!(
+        stdout.matches("killed worker process").count() as u64,
+        kills,
+        "{stdout}"
+    );
+}
+
+/// The terminal guard and the only exit from `failed` on SQLite, as on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_the_terminal_guard_refuses_flips_and_retry_is_the_only_exit_from_failed() {
+    use queue_core::BackendTx;
+    use queue_examples::exchange::StampOutcome;
+    let (_dir, store) = sqlite_exchange("guard").await;
+    let ids = store
+        .create_transactions(&[("acme".into(), 1), ("acme".into(), 2)])
+        .await
+        .unwrap();
+    let mut tx = store.queue().begin().await.unwrap();
+    use TransactionStatus::*;
+    for (id, status, expected) in [
+        (ids[0], Success, StampOutcome::Applied),
+        (ids[0], Failed, StampOutcome::Refused),
+        (ids[1], Failed, StampOutcome::Applied),
+        (ids[1], Success, StampOutcome::Refused),
+    ] {
+        assert_eq!(
+            store.stamp_transaction(&mut tx, id, status).await.unwrap(),
+            expected
+        );
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.retry_failed_transaction(ids[0]).await.unwrap(),
+        RetryOutcome::NotFailed(Success)
+    );
+    let before = store.transaction(ids[1]).await.unwrap().unwrap();
+    let RetryOutcome::Retried {
+        correlation_id,
+        key_kept,
+        send_job_id,
+    } = store.retry_failed_transaction(ids[1]).await.unwrap()
+    else {
+        panic!("a failed transaction must be retryable");
+    };
+    let after = store.transaction(ids[1]).await.unwrap().unwrap();
+    assert_eq!((after.status, after.retries), (Pending, 1));
+    assert!(key_kept, "an unknown failure keeps its key");
+    assert_eq!(after.correlation_id, before.correlation_id);
+    assert_eq!(after.correlation_id, correlation_id);
+    assert_eq!(
+        store.send_jobs(ids[1]).await.unwrap().last(),
+        Some(&send_job_id)
+    );
+    let payload = store
+        .queue()
+        .get(JobId(send_job_id))
+        .await
+        .unwrap()
+        .unwrap()
+        .payload;
+    assert_eq!(payload["correlation_id"], json!(correlation_id));
+    assert_eq!(payload["transaction_id"], json!(ids[1]));
+    assert_eq!(
+        store.retry_failed_transaction(999_999).await.unwrap(),
+        RetryOutcome::NotFound
+    );
+}
+
+/// A send under a definitive failure is repointed to a new key on SQLite too, and the
+/// key is a fresh 128-bit one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_a_refused_send_fails_and_its_retry_goes_under_a_new_key() {
+    let (_dir, store) = sqlite_exchange("rekey").await;
+    let server = PartnerServer::start(HashMap::from([("acme".to_owned(), Behavior::Always(422))]))
+        .await
+        .unwrap();
+    let partners =
+        Partners::new().with("acme", HttpPartner::new(&server.endpoint("acme")).unwrap());
+    let id = store
+        .create_transactions(&[("acme".into(), 11)])
+        .await
+        .unwrap()[0];
+    let first = store.transaction(id).await.unwrap().unwrap();
+    assert_eq!(first.correlation_id.len(), 32, "{}", first.correlation_id);
+    let worker = start(&store, &partners, &quick(ExchangeConfig::default()));
+    wait_terminal(&store, 1).await;
+    worker.shutdown().await.unwrap();
+    let failed = store.transaction(id).await.unwrap().unwrap();
+    assert_eq!(failed.status, TransactionStatus::Failed);
+    let RetryOutcome::Retried {
+        correlation_id,
+        key_kept,
+        ..
+    } = store.retry_failed_transaction(id).await.unwrap()
+    else {
+        panic!("retryable");
+    };
+    assert!(!key_kept, "a definitive failure repoints the key");
+    assert_ne!(correlation_id, first.correlation_id);
+    assert_eq!(correlation_id.len(), 32);
+    let events = store.events(id).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.event_type).collect::<Vec<_>>(),
+        vec![EventType::Failed]
+    );
+}
+
+/// The SQLite send-jobs table is the framework's, generated: the committed migration is what
+/// `queue_sqlite::create_table_sql` makes of it today.
+#[test]
+fn the_committed_sqlite_send_jobs_table_is_what_the_framework_generates() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations-sqlite/20261203000002_exchange_send_jobs.sql"
+    );
+    let generated = format!(
+        "-- GENERATED from queue_sqlite::create_table_sql: the framework's SQLite queue table, named\n\
+         -- for the exchange. A test fails if it drifts; regenerate with\n\
+         -- REGENERATE_EXCHANGE_SQLITE=1 cargo test -p queue-examples --test exchange\n\
+         -- the_committed_sqlite_send_jobs_table, never edit it.\n{}",
+        queue_sqlite::create_table_sql(
+            &queue_sqlite::TableName::new("exchange_send_jobs").unwrap()
+        )
+    );
+    if std::env::var_os("REGENERATE_EXCHANGE_SQLITE").is_some() {
+        std::fs::write(path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{path} drifted from queue_sqlite::create_table_sql; regenerate it"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -759,6 +997,23 @@ impl Planter for PgPlanter<'_> {
     }
 }
 
+impl Planter for SqliteExchange {
+    async fn plant(&self, payload: &MakePayload) -> i64 {
+        let id = self
+            .create_transactions(&[("acme".into(), 9)])
+            .await
+            .unwrap()[0];
+        let view = self.transaction(id).await.unwrap().unwrap();
+        sqlx::query("UPDATE exchange_send_jobs SET payload = ?2 WHERE transaction_id = ?1")
+            .bind(id)
+            .bind(payload(&view).to_string())
+            .execute(self.pool())
+            .await
+            .unwrap();
+        id
+    }
+}
+
 impl Planter for MemExchange {
     async fn plant(&self, payload: &MakePayload) -> i64 {
         self.create_with_payload("acme", 9, payload).await.unwrap()
@@ -860,6 +1115,12 @@ async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_on_postg
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_on_sqlite() {
+    let (_dir, store) = sqlite_exchange("hostile_payloads_are_nev").await;
+    hostile_payloads_fail_their_own_transaction(&store, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_payloads_are_never_sent_and_fail_their_own_transaction_in_memory() {
     let store = MemExchange::new();
     hostile_payloads_fail_their_own_transaction(&store, &store).await;
@@ -914,6 +1175,12 @@ async fn a_success_under_a_foreign_payload_fails_the_own_transaction_on_postgres
     a_success_under_a_foreign_payload_fails_the_own_transaction(&store, &PgPlanter(&db, &store))
         .await;
     db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_success_under_a_foreign_payload_fails_the_own_transaction_on_sqlite() {
+    let (_dir, store) = sqlite_exchange("a_success_under_a_foreig").await;
+    a_success_under_a_foreign_payload_fails_the_own_transaction(&store, &store).await;
 }
 
 #[tokio::test]
@@ -984,6 +1251,12 @@ async fn cancelling_a_pending_send_fails_its_transaction_on_postgres() {
     let (db, store) = exchange_db().await;
     cancelling_a_pending_send_fails_its_transaction(&store).await;
     db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_pending_send_fails_its_transaction_on_sqlite() {
+    let (_dir, store) = sqlite_exchange("cancelling_a_pending_sen").await;
+    cancelling_a_pending_send_fails_its_transaction(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1077,6 +1350,12 @@ async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right_on_postgre
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right_on_sqlite() {
+    let (_dir, store) = sqlite_exchange("an_operators_retry_of_a_").await;
+    an_operators_retry_of_a_send_job_keeps_the_transaction_right(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operators_retry_of_a_send_job_keeps_the_transaction_right_in_memory() {
     an_operators_retry_of_a_send_job_keeps_the_transaction_right(&MemExchange::new()).await;
 }
@@ -1133,6 +1412,12 @@ async fn cancelling_a_send_in_flight_ends_it_at_its_worker_on_postgres() {
     let (db, store) = exchange_db().await;
     cancelling_a_send_in_flight_ends_it_at_its_worker(&store).await;
     db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_send_in_flight_ends_it_at_its_worker_on_sqlite() {
+    let (_dir, store) = sqlite_exchange("cancelling_a_send_in_fli").await;
+    cancelling_a_send_in_flight_ends_it_at_its_worker(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

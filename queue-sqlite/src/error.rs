@@ -95,8 +95,10 @@ mod code {
 }
 
 impl SqliteError {
-    /// The error for `err`, met on the database at `path`.
-    pub(crate) fn from_sqlx(err: sqlx::Error, path: &str) -> Self {
+    /// The error for `err`, met on the database file at `path` (named in open failures): for
+    /// code that runs its own statements on the queue's database, such as a hook's domain
+    /// writes, so that a locked or read-only file is told apart as the queue's own errors are.
+    pub fn from_sqlx(err: sqlx::Error, path: &str) -> Self {
         let primary = match &err {
             sqlx::Error::Database(db) => db
                 .code()

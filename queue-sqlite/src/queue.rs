@@ -530,6 +530,17 @@ impl SqliteQueue {
         &self.inner.pool
     }
 
+    /// The database's file name, as errors name it.
+    pub fn path(&self) -> &str {
+        &self.inner.path
+    }
+
+    /// Wakes this process's workers when `tx` commits: for jobs a caller inserted with its own
+    /// statements in `tx` (the framework's own enqueues wake them already).
+    pub fn notify_in(&self, tx: &mut SqliteTx) {
+        tx.wake = Some(self.inner.wake.clone());
+    }
+
     /// The configuration.
     pub fn config(&self) -> &SqliteQueueConfig {
         &self.inner.config

@@ -373,20 +373,31 @@ pub(crate) async fn audit(pool: &PgPool, evidence: &Evidence<'_>) -> Result<Audi
     Ok(audit)
 }
 
-/// Whether a second POST `b` of the key `a` carried is tied to an injected fault: `a` was
+/// Whether a second POST `b` of the key `a` carried is tied to an injected fault (see
+/// [`explained_by`]).
+fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
+    explained_by(a, b, evidence.faults, evidence.lease, evidence.send_timeout)
+}
+
+/// Whether a second POST `b` of the key `a` carried is tied to one of `faults`: `a` was
 /// answered only after the send timeout (the worker gave up on it, and the partner kept it), a
 /// fault hit `a`'s sender during `a`'s attempt (a lease either side of its arrival: killed or
 /// paused before its outcome committed), or `b`'s sender within the lease before `b` (resumed
 /// from a pause, it sent late), or the database crashed after `a` while its outcome had to be
 /// written. A partner hang explains only through the timeout, and killed connections never.
-fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
+pub(crate) fn explained_by(
+    a: &PostRecord,
+    b: &PostRecord,
+    faults: &[Fault],
+    lease: Duration,
+    send_timeout: Duration,
+) -> bool {
     let timed_out = a
         .answered
-        .is_none_or(|(answered, _)| answered - a.arrived >= evidence.send_timeout);
+        .is_none_or(|(answered, _)| answered - a.arrived >= send_timeout);
     if timed_out {
         return true;
     }
-    let lease = evidence.lease;
     let before = |at: std::time::Instant| at.checked_sub(lease).unwrap_or(at);
     let a_attempt = (before(a.arrived), a.arrived + lease);
     let b_attempt = (before(b.arrived), b.arrived);
@@ -397,7 +408,7 @@ fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
         fleet::sender_pid(a.agent.as_deref()),
         fleet::sender_pid(b.agent.as_deref()),
     );
-    evidence.faults.iter().any(|fault| match fault.pid {
+    faults.iter().any(|fault| match fault.pid {
         Some(pid) => {
             (Some(pid) == a_sender && overlaps(fault, a_attempt))
                 || (Some(pid) == b_sender && overlaps(fault, b_attempt))
@@ -410,4 +421,82 @@ fn explained(a: &PostRecord, b: &PostRecord, evidence: &Evidence<'_>) -> bool {
                 && overlaps(fault, (a.arrived, a.arrived + lease))
         }
     })
+}
+
+/// The POSTs a partner accepted beyond the first of their key, and how many of those
+/// [`explained_by`] ties to one of `faults`: `(duplicates, explained)`.
+pub(crate) fn duplicate_sends(
+    posts: &[PostRecord],
+    faults: &[Fault],
+    lease: Duration,
+    send_timeout: Duration,
+) -> (u64, u64) {
+    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
+    for post in posts.iter().filter(|p| p.accepted()) {
+        if let Some(key) = post.key.as_deref() {
+            by_key.entry(key).or_default().push(post);
+        }
+    }
+    let (mut duplicates, mut explained) = (0, 0);
+    for accepted in by_key.values_mut() {
+        accepted.sort_by_key(|p| p.arrived);
+        for later in accepted.iter().skip(1) {
+            duplicates += 1;
+            if explained_by(accepted[0], later, faults, lease, send_timeout) {
+                explained += 1;
+            }
+        }
+    }
+    (duplicates, explained)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn post(seq: usize, pid: u32, at: Instant, status: u16) -> PostRecord {
+        PostRecord {
+            seq,
+            partner: "acme".into(),
+            key: Some("k".into()),
+            job_id: Some(1),
+            generation: Some(seq as i64 + 1),
+            agent: Some(format!("exchange-demo worker (pid {pid})")),
+            arrived: at,
+            answered: Some((at + Duration::from_millis(10), status)),
+        }
+    }
+
+    fn kill(pid: u32, at: Instant) -> Fault {
+        Fault {
+            kind: FaultKind::KillAfterSend,
+            pid: Some(pid),
+            start: at,
+            end: at,
+        }
+    }
+
+    #[test]
+    fn a_duplicate_is_explained_only_by_a_kill_of_its_first_sender_within_the_lease() {
+        let lease = Duration::from_secs(4);
+        let timeout = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(5);
+        let posts = [post(0, 10, t0, 201), post(1, 11, later, 201)];
+        assert_eq!(duplicate_sends(&posts, &[], lease, timeout), (1, 0));
+        let own = [kill(10, t0 + Duration::from_millis(15))];
+        assert_eq!(duplicate_sends(&posts, &own, lease, timeout), (1, 1));
+        let someone_else = [kill(12, t0 + Duration::from_millis(15))];
+        assert_eq!(
+            duplicate_sends(&posts, &someone_else, lease, timeout),
+            (1, 0)
+        );
+        let long_after = [kill(10, t0 + Duration::from_secs(30))];
+        assert_eq!(duplicate_sends(&posts, &long_after, lease, timeout), (1, 0));
+        // A refused POST is no send: one accepted POST of a key is no duplicate.
+        let refused = [post(0, 10, t0, 503), post(1, 11, later, 201)];
+        assert_eq!(duplicate_sends(&refused, &[], lease, timeout), (0, 0));
+    }
 }

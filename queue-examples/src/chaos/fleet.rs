@@ -13,6 +13,7 @@ use tokio::process::{Child, Command};
 pub(crate) struct Fleet {
     bin: PathBuf,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     log_dir: PathBuf,
     children: Vec<Child>,
     spawned: usize,
@@ -25,11 +26,19 @@ impl Fleet {
         Fleet {
             bin,
             args,
+            envs: Vec::new(),
             log_dir,
             children: Vec::new(),
             spawned: 0,
             exited: Vec::new(),
         }
+    }
+
+    /// Sets `key` in every worker's environment (for what should not show in a process
+    /// listing, such as a database URL).
+    pub(crate) fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Fleet {
+        self.envs.push((key.into(), value.into()));
+        self
     }
 
     /// The process ids of the live workers.
@@ -65,6 +74,7 @@ impl Fleet {
         let log = File::create(self.log_dir.join(format!("worker-{}.log", self.spawned)))?;
         let child = Command::new(&self.bin)
             .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(log)

@@ -23,9 +23,9 @@ use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
 
-mod audit;
-mod faults;
-mod fleet;
+pub(crate) mod audit;
+pub(crate) mod faults;
+pub(crate) mod fleet;
 
 pub use audit::Audit;
 pub use faults::{Fault, FaultKind};

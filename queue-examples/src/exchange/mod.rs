@@ -28,10 +28,12 @@ mod http;
 mod memory;
 pub mod partner_server;
 mod pg;
+mod sqlite;
 
 pub use http::{EndpointError, HttpPartner, PartnerConfigError, PartnerEndpoint, log_configured};
 pub use memory::MemExchange;
 pub use pg::{MIGRATOR, PgExchange, StampOutcome, send_hooks, send_queue_config};
+pub use sqlite::{SQLITE_MIGRATOR, SqliteExchange, sqlite_send_hooks, sqlite_send_queue_config};
 
 /// The queue name of send jobs.
 pub const QUEUE: &str = "exchange.send";
@@ -316,6 +318,9 @@ pub enum ExchangeError {
     /// A database error.
     #[error(transparent)]
     Postgres(#[from] queue_postgres::PgError),
+    /// A database error of the SQLite store.
+    #[error(transparent)]
+    Sqlite(#[from] queue_sqlite::SqliteError),
     /// Stored data outside the model.
     #[error("corrupt exchange data: {0}")]
     Corrupt(String),
