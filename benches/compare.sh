@@ -3,7 +3,8 @@
 # session, and prints queue-bench's processing rate as a ratio of the limit at B=500.
 #
 # usage: benches/compare.sh [JOBS] [WORKERS] [RUNS]      (defaults 20000 8 3)
-# Runs queue-bench once per driver (sqlx, tokio-postgres) after the limit.
+# Runs queue-bench once per PostgreSQL driver (sqlx, tokio-postgres) after the limit, then on
+# SQLite (a file in the temporary directory), whose ratio is also given against tokio-postgres.
 # env:   SQL_LIMIT (path to sql-limit.sh), PGURL / QUEUE_TEST_PG_URL (the server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,17 +16,23 @@ cargo build --release -q -p benches --bin queue-bench
 
 limits=$(JOBS=$JOBS bash "$LIMIT_SCRIPT" "1 50 500" "4 8")
 echo "$limits"
-for driver in sqlx tokio-postgres; do
-  bench=$("$CARGO_TARGET_DIR/release/queue-bench" --jobs "$JOBS" --workers "$WORKERS" --runs "$RUNS" --driver "$driver")
-  echo "driver=$driver"
+previous=""
+for run in sqlx tokio-postgres sqlite; do
+  if [ "$run" = sqlite ]; then flags=(--backend sqlite); else flags=(--driver "$run"); fi
+  bench=$("$CARGO_TARGET_DIR/release/queue-bench" --jobs "$JOBS" --workers "$WORKERS" --runs "$RUNS" "${flags[@]}")
+  echo "run=$run"
   echo "$bench"
-  python3 - "$limits" "$bench" "$driver" <<'PY'
+  python3 - "$limits" "$bench" "$run" "$previous" <<'PY'
 import re, sys
-limits, bench, driver = sys.argv[1], sys.argv[2], sys.argv[3]
+limits, bench, run, previous = sys.argv[1:5]
 b500 = [int(m) for m in re.findall(r"batch=500 clients=\d+ jobs=\d+ jobs_per_s=(\d+)", limits)]
-last = bench.strip().splitlines()[-1]
-proc = int(re.search(r"process_jps=(\d+)", last).group(1))
+rate = lambda text: int(re.search(r"process_jps=(\d+)", text.strip().splitlines()[-1]).group(1))
+proc = rate(bench)
 best = max(b500)
-print(f"ratio: driver={driver} process_jps={proc} limit_b500_best={best} ratio={proc / best:.2f}")
+line = f"ratio: run={run} process_jps={proc} limit_b500_best={best} ratio={proc / best:.2f}"
+if run == "sqlite" and previous:
+    line += f" vs_tokio_postgres={proc / rate(previous):.2f}"
+print(line)
 PY
+  previous=$bench
 done

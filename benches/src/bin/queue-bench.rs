@@ -1,15 +1,19 @@
-//! `queue-bench`: end-to-end throughput and start latency of the worker runtime on PostgreSQL.
+//! `queue-bench`: end-to-end throughput and start latency of the worker runtime on PostgreSQL
+//! or SQLite.
 //!
 //! ```text
 //! cargo run --release -p benches --bin queue-bench -- --jobs 20000 --workers 8 [--runs 3]
-//!     [--batch 500] [--latency-jobs 1000] [--rate 200] [--driver sqlx|tokio-postgres]
+//!     [--batch 500] [--latency-jobs 1000] [--rate 200] [--backend postgres|sqlite]
+//!     [--driver sqlx|tokio-postgres]
 //! ```
-//! Per run, on a fresh scratch database: enqueue `--jobs` noop jobs in batches of 1000 (timed),
-//! then drain them with one worker of concurrency `--workers` until SQL confirms every job
-//! completed (timed). Then the latency phase: an idle worker with `LISTEN`, `--latency-jobs`
-//! enqueued one at a time at `--rate` per second; the time from each enqueue call to its handler
-//! starting. Medians over the runs. The last line:
-//! `bench: jobs=N workers=W enqueue_jps=E process_jps=P p50_start_ms=A p99_start_ms=B duplicates=D`
+//! Per run, on a fresh scratch database (a PostgreSQL database, or a SQLite file in the
+//! temporary directory): enqueue `--jobs` noop jobs in batches of 1000 (timed), then drain them
+//! with one worker of concurrency `--workers` until SQL confirms every job completed (timed).
+//! Then the latency phase: an idle worker woken by `LISTEN` (on SQLite, by the enqueue in the
+//! same process), `--latency-jobs` enqueued one at a time at `--rate` per second; the time from
+//! each enqueue call to its handler starting. Medians over the runs. The last line:
+//! `bench: backend=B jobs=N workers=W enqueue_jps=E process_jps=P p50_start_ms=A p99_start_ms=B
+//! duplicates=D`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -76,9 +80,18 @@ struct Options {
     /// Enqueues per second in the latency phase.
     #[arg(long, default_value_t = 200.0)]
     rate: f64,
+    /// The backend.
+    #[arg(long, value_enum, default_value_t = BackendName::Postgres)]
+    backend: BackendName,
     /// The PostgreSQL driver.
     #[arg(long, value_enum, default_value_t = DriverName::Sqlx)]
     driver: DriverName,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendName {
+    Postgres,
+    Sqlite,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -221,6 +234,14 @@ async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
 
 /// One run: throughput on a fresh database, then latency on another.
 async fn run_once(o: &Options) -> ((f64, f64, u64), (f64, f64)) {
+    if o.backend == BackendName::Sqlite {
+        let file = benches::ScratchSqlite::new("throughput").await;
+        let throughput = throughput_run(o, file.queue.clone()).await;
+        drop(file);
+        let file = benches::ScratchSqlite::new("latency").await;
+        let latency = latency_run(o, file.queue.clone()).await;
+        return (throughput, latency);
+    }
     let db = benches::scratch_db().await;
     let throughput = match o.driver {
         DriverName::Sqlx => throughput_run(o, benches::queue(&db.pool).await).await,
@@ -262,7 +283,11 @@ async fn main() {
         duplicates += d;
     }
     println!(
-        "bench: jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={}",
+        "bench: backend={} jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={}",
+        match o.backend {
+            BackendName::Postgres => "postgres",
+            BackendName::Sqlite => "sqlite",
+        },
         o.jobs,
         o.workers,
         median(enq),
