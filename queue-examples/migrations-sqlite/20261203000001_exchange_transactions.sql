@@ -16,4 +16,4 @@ CREATE TABLE exchange_transactions (
     send_failure   TEXT    CHECK (send_failure IN ('ambiguous', 'definitive')),
     created_at     REAL    NOT NULL DEFAULT (unixepoch('subsec')),
     updated_at     REAL    NOT NULL DEFAULT (unixepoch('subsec'))
-);
+) STRICT;

@@ -9,10 +9,10 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs" (
     queue               TEXT    NOT NULL,
     status              TEXT    NOT NULL DEFAULT 'pending'
                         CHECK (status IN ('pending', 'in_flight', 'completed', 'failed', 'dead', 'cancelled')),
-    payload             TEXT    NOT NULL DEFAULT '{}',
-    priority            INTEGER NOT NULL DEFAULT 0,
-    attempts            INTEGER NOT NULL DEFAULT 0,
-    reclaims            INTEGER NOT NULL DEFAULT 0,
+    payload             TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(payload)),
+    priority            INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN -32768 AND 32767),
+    attempts            INTEGER NOT NULL DEFAULT 0 CHECK (attempts BETWEEN 0 AND 2147483647),
+    reclaims            INTEGER NOT NULL DEFAULT 0 CHECK (reclaims BETWEEN 0 AND 2147483647),
     next_attempt_at     REAL    NOT NULL DEFAULT (unixepoch('subsec')),
     claimed_at          REAL,
     lease_expires_at    REAL,
@@ -24,14 +24,15 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs" (
     updated_at          REAL    NOT NULL DEFAULT (unixepoch('subsec')),
     finished_at         REAL,
     claimed_by          TEXT,
-    errors              TEXT    NOT NULL DEFAULT '[]'
-);
+    errors              TEXT    NOT NULL DEFAULT '[]' CHECK (json_valid(errors))
+) STRICT;
 
 -- The due pick of the claim: an ordered scan that stops after the batch.
 CREATE INDEX IF NOT EXISTS "exchange_send_jobs_due_idx"
     ON "exchange_send_jobs" (queue, next_attempt_at, priority, id) WHERE status = 'pending';
 
--- The expired pick: in-flight rows only, in expiry order (NULL, a row without a lease, first).
+-- The expired picks: in-flight rows only, those without a stored lease (NULL) and those whose
+-- lease has passed, each a bounded range of this index.
 CREATE INDEX IF NOT EXISTS "exchange_send_jobs_expiry_idx"
     ON "exchange_send_jobs" (queue, lease_expires_at) WHERE status = 'in_flight';
 
@@ -55,4 +56,4 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
     last_stale_at REAL,
     served_at     REAL,
     updated_at    REAL    NOT NULL DEFAULT (unixepoch('subsec'))
-);
+) STRICT;

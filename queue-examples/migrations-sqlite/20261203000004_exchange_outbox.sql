@@ -8,6 +8,6 @@ CREATE TABLE exchange_outbox (
     send_job_id      INTEGER NOT NULL,
     claim_generation INTEGER NOT NULL,
     created_at       REAL    NOT NULL DEFAULT (unixepoch('subsec'))
-);
+) STRICT;
 CREATE INDEX exchange_outbox_transaction_idx ON exchange_outbox (transaction_id);
 CREATE INDEX exchange_outbox_correlation_idx ON exchange_outbox (correlation_id, event_type);

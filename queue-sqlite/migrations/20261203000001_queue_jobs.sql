@@ -3,18 +3,21 @@
 -- quoted, "{{table}}…", and replaced by the validated name.
 --
 -- Instants are REAL seconds since the Unix epoch, from SQLite's clock (unixepoch('subsec')),
--- never the worker's. The payload and the error history are JSON text. AUTOINCREMENT: an id is
--- never reused, so keyset pages and fence tokens never meet a recycled id.
+-- never the worker's. The payload and the error history are JSON text, checked. AUTOINCREMENT:
+-- an id is never reused, so a fence token (id, generation) of a purged job can never match a new
+-- one, and keyset pages never meet a recycled id. STRICT: a value of the wrong type (an instant
+-- written as text by hand) is refused at the write, not found out by a claim that never picks it.
+-- The schema check refuses a table without AUTOINCREMENT or STRICT.
 
 CREATE TABLE IF NOT EXISTS "{{table}}" (
     id                  INTEGER PRIMARY KEY AUTOINCREMENT,
     queue               TEXT    NOT NULL{{queue_default}},
     status              TEXT    NOT NULL DEFAULT 'pending'
                         CHECK (status IN ('pending', 'in_flight', 'completed', 'failed', 'dead', 'cancelled')),
-    payload             TEXT    NOT NULL DEFAULT '{}',
-    priority            INTEGER NOT NULL DEFAULT 0,
-    attempts            INTEGER NOT NULL DEFAULT 0,
-    reclaims            INTEGER NOT NULL DEFAULT 0,
+    payload             TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(payload)),
+    priority            INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN -32768 AND 32767),
+    attempts            INTEGER NOT NULL DEFAULT 0 CHECK (attempts BETWEEN 0 AND 2147483647),
+    reclaims            INTEGER NOT NULL DEFAULT 0 CHECK (reclaims BETWEEN 0 AND 2147483647),
     next_attempt_at     REAL    NOT NULL DEFAULT (unixepoch('subsec')),
     claimed_at          REAL,
     lease_expires_at    REAL,
@@ -26,14 +29,15 @@ CREATE TABLE IF NOT EXISTS "{{table}}" (
     updated_at          REAL    NOT NULL DEFAULT (unixepoch('subsec')),
     finished_at         REAL,
     claimed_by          TEXT,
-    errors              TEXT    NOT NULL DEFAULT '[]'
-);
+    errors              TEXT    NOT NULL DEFAULT '[]' CHECK (json_valid(errors))
+) STRICT;
 
 -- The due pick of the claim: an ordered scan that stops after the batch.
 CREATE INDEX IF NOT EXISTS "{{table}}_due_idx"
     ON "{{table}}" (queue, next_attempt_at, priority, id) WHERE status = 'pending';
 
--- The expired pick: in-flight rows only, in expiry order (NULL, a row without a lease, first).
+-- The expired picks: in-flight rows only, those without a stored lease (NULL) and those whose
+-- lease has passed, each a bounded range of this index.
 CREATE INDEX IF NOT EXISTS "{{table}}_expiry_idx"
     ON "{{table}}" (queue, lease_expires_at) WHERE status = 'in_flight';
 
@@ -57,4 +61,4 @@ CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
     last_stale_at REAL,
     served_at     REAL,
     updated_at    REAL    NOT NULL DEFAULT (unixepoch('subsec'))
-);
+) STRICT;

@@ -53,6 +53,15 @@ pub enum SqliteError {
     #[error(transparent)]
     Invalid(#[from] queue_core::InvalidInput),
 
+    /// An option of [`crate::OpenOptions`] or [`crate::SqliteQueueConfig`] was refused.
+    #[error("invalid {name}: {reason}")]
+    InvalidOption {
+        /// The option.
+        name: &'static str,
+        /// Why.
+        reason: String,
+    },
+
     /// A configuration value was refused.
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),
@@ -88,6 +97,7 @@ pub enum OpenFailure {
 mod code {
     pub(super) const BUSY: i64 = 5;
     pub(super) const LOCKED: i64 = 6;
+    pub(super) const CONSTRAINT: i64 = 19;
     pub(super) const READONLY: i64 = 8;
     pub(super) const CORRUPT: i64 = 11;
     pub(super) const CANTOPEN: i64 = 14;
@@ -99,13 +109,7 @@ impl SqliteError {
     /// code that runs its own statements on the queue's database, such as a hook's domain
     /// writes, so that a locked or read-only file is told apart as the queue's own errors are.
     pub fn from_sqlx(err: sqlx::Error, path: &str) -> Self {
-        let primary = match &err {
-            sqlx::Error::Database(db) => db
-                .code()
-                .and_then(|c| c.parse::<i64>().ok())
-                .map(|c| c & 0xff),
-            _ => None,
-        };
+        let primary = primary_code(&err);
         let open = |reason| SqliteError::Open {
             path: path.to_owned(),
             reason,
@@ -115,11 +119,14 @@ impl SqliteError {
             Some(code::READONLY) => open(OpenFailure::ReadOnly),
             Some(code::CORRUPT | code::NOTADB) => open(OpenFailure::Corrupt),
             Some(code::CANTOPEN) => {
-                let missing = std::path::Path::new(path)
+                let dir = std::path::Path::new(path)
                     .parent()
-                    .is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.exists());
-                open(if missing {
+                    .filter(|dir| !dir.as_os_str().is_empty())
+                    .unwrap_or(std::path::Path::new("."));
+                open(if !dir.exists() {
                     OpenFailure::MissingDirectory
+                } else if !writable(dir) {
+                    OpenFailure::ReadOnly
                 } else {
                     OpenFailure::CannotOpen
                 })
@@ -128,13 +135,61 @@ impl SqliteError {
         }
     }
 
-    /// True when trying again can succeed: the database was busy, the pool timed out.
+    /// True when trying again can succeed: the database was busy (a migration included), the
+    /// pool timed out, the driver's connection thread or the file's I/O failed.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            SqliteError::Busy
-                | SqliteError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
-        )
+        match self {
+            SqliteError::Busy => true,
+            SqliteError::Database(err) => sqlx_is_transient(err),
+            SqliteError::Migrate(sqlx::migrate::MigrateError::Execute(err)) => {
+                sqlx_is_transient(err) || is_busy(err)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn sqlx_is_transient(err: &sqlx::Error) -> bool {
+    matches!(
+        err,
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// Whether `err` is SQLite's busy or locked.
+pub(crate) fn is_busy(err: &sqlx::Error) -> bool {
+    primary_code(err).is_some_and(|c| c == code::BUSY || c == code::LOCKED)
+}
+
+/// Whether `err` is a constraint SQLite enforced (a unique key taken, a CHECK).
+pub(crate) fn is_constraint(err: &sqlx::Error) -> bool {
+    primary_code(err) == Some(code::CONSTRAINT)
+}
+
+fn primary_code(err: &sqlx::Error) -> Option<i64> {
+    match err {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i64>().ok())
+            .map(|c| c & 0xff),
+        _ => None,
+    }
+}
+
+/// Whether a file can be created in `dir` (tried, and removed): permissions alone do not say
+/// so for root, an immutable directory or a read-only mount.
+fn writable(dir: &std::path::Path) -> bool {
+    let probe = dir.join(format!(".queue-sqlite-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            true
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
     }
 }
 

@@ -33,8 +33,11 @@
 //!   'in_flight', claim_generation)`; hooks run in the same transaction, after `Applied` only.
 //! * **One clock**: every instant is SQLite's `unixepoch('subsec')`, never the worker's.
 //! * **The admin API** ([`queue_core::Admin`]): listing, retry, purge, pause, drain.
-//! * **Bad files** are refused with a typed [`SqliteError::Open`]: a missing directory, a
-//!   read-only or corrupt file; a lock held past the busy timeout is [`SqliteError::Busy`].
+//! * **Bad files** are refused at [`open_pool`] with a typed [`SqliteError::Open`]: a missing
+//!   directory, a read-only directory or file, a file that is not a database; a lock held past
+//!   the busy timeout is [`SqliteError::Busy`].
+//! * **The table** is checked at [`SqliteQueue::connect`]: every column and index, ids never
+//!   reused (`AUTOINCREMENT`), types enforced (`STRICT`).
 //!
 //! Wake-ups reach workers of the same process at once; workers of other processes find new jobs
 //! at their next poll.
@@ -45,6 +48,13 @@ mod error;
 mod queue;
 mod schema;
 
+/// The README's example compiles.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use error::{OpenFailure, SqliteError};
-pub use queue::{OpenOptions, SqliteQueue, SqliteQueueConfig, SqliteTx, open_pool, pick_sql};
-pub use schema::{MIGRATIONS_TABLE, MIGRATOR, TableName, create_table_sql, migrate};
+pub use queue::{
+    OpenOptions, SqliteQueue, SqliteQueueConfig, SqliteTx, list_sql, open_pool, pick_sql,
+};
+pub use schema::{MIGRATIONS_TABLE, MIGRATOR, TableName, create_table_sql, migrate, run_migrator};

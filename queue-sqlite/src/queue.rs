@@ -19,11 +19,12 @@ use queue_core::{
     PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats, RetryTarget, RunAt,
 };
 use serde_json::Value;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row as _, SqlitePool};
+use sqlx::{AssertSqlSafe, Row as _, Sqlite, SqlitePool};
 use tokio::sync::Notify;
 
 use crate::error::SqliteError;
@@ -51,6 +52,9 @@ impl Default for SqliteQueueConfig {
 }
 
 impl SqliteQueueConfig {
+    /// The largest `max_payload_bytes`: SQLite's default limit on a value (`SQLITE_MAX_LENGTH`).
+    pub const MAX_PAYLOAD_BYTES: usize = 1_000_000_000;
+
     /// The queue `queue` of the table `table`.
     pub fn new(table: TableName, queue: QueueName) -> Self {
         SqliteQueueConfig {
@@ -67,7 +71,8 @@ pub struct OpenOptions {
     /// Open for reading only (an inspection tool, a read-only dashboard): every write is
     /// refused with [`SqliteError::Open`] and [`OpenFailure::ReadOnly`](crate::OpenFailure).
     pub read_only: bool,
-    /// How long a writer waits for another's lock before [`SqliteError::Busy`] (default 5 s).
+    /// How long a writer waits for another's lock before [`SqliteError::Busy`] (default 5 s; at
+    /// most a day).
     pub busy_timeout: Duration,
     /// Connections of the pool (default 4; SQLite writes one at a time whatever the number).
     pub max_connections: u32,
@@ -91,13 +96,36 @@ impl Default for OpenOptions {
     }
 }
 
+impl OpenOptions {
+    /// The longest busy timeout accepted: beyond it a locked file looks like a hung process.
+    pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+    fn validate(&self) -> Result<(), SqliteError> {
+        if self.busy_timeout > Self::MAX_BUSY_TIMEOUT {
+            return Err(SqliteError::InvalidOption {
+                name: "busy_timeout",
+                reason: format!("{:?} is over a day", self.busy_timeout),
+            });
+        }
+        if self.max_connections == 0 {
+            return Err(SqliteError::InvalidOption {
+                name: "max_connections",
+                reason: "a pool needs at least one connection".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A pool on the database file at `path`, in WAL mode with the busy timeout, so that several
-/// processes can share the file. A missing directory, a read-only or corrupt file are refused
-/// here, with [`SqliteError::Open`].
+/// processes can share the file. Refused here, with [`SqliteError::Open`]: a missing
+/// directory, a directory or file that cannot be written (unless `read_only`), a file that is
+/// not a database. Out-of-range options are [`SqliteError::InvalidOption`].
 pub async fn open_pool(
     path: impl AsRef<Path>,
     options: &OpenOptions,
 ) -> Result<SqlitePool, SqliteError> {
+    options.validate()?;
     let path = path.as_ref();
     let shown = path.display().to_string();
     let connect = SqliteConnectOptions::from_str("sqlite:")
@@ -121,7 +149,7 @@ pub async fn open_pool(
         .busy_timeout(options.busy_timeout)
         .foreign_keys(true);
     let pool = SqlitePoolOptions::new()
-        .max_connections(options.max_connections.max(1))
+        .max_connections(options.max_connections)
         .min_connections(1)
         .connect_with(connect)
         .await
@@ -133,12 +161,35 @@ pub async fn open_pool(
         .await
         .map_err(|e| SqliteError::from_sqlx(e, &shown))?;
     if !options.read_only {
-        sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
-            .execute(&pool)
-            .await
-            .map_err(|e| SqliteError::from_sqlx(e, &shown))?;
+        write_probe(&pool, &shown).await?;
     }
     Ok(pool)
+}
+
+/// Writes to the file and rolls the write back: SQLite opens a file it may not write (its
+/// permissions, an immutable file, a read-only mount) for reading without a word, and only a
+/// write finds that out.
+async fn write_probe(pool: &SqlitePool, path: &str) -> Result<(), SqliteError> {
+    let err = |e| SqliteError::from_sqlx(e, path);
+    let mut conn = pool.acquire().await.map_err(err)?;
+    let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    let written = sqlx::raw_sql(AssertSqlSafe(format!("PRAGMA user_version = {version}")))
+        .execute(&mut *conn)
+        .await;
+    let rolled_back = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+    if written.is_err() || rolled_back.is_err() {
+        // Whatever is left open ends with the connection.
+        conn.close_on_drop();
+    }
+    written.map_err(err)?;
+    Ok(())
 }
 
 /// A queue in a SQLite table. Cloning is cheap and shares everything.
@@ -212,8 +263,9 @@ impl Sql {
                  RETURNING id"
             ),
             holder: format!("SELECT id FROM {t} WHERE queue = ?1 AND unique_key = ?2"),
-            // The two picks, each an ordered scan of its partial index that stops after the
-            // batch; merged in claim order. A paused queue gives nothing.
+            // The three picks, each an ordered scan of a bounded range of its partial index that
+            // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
+            // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
             pick: format!(
                 "SELECT id, reclaims, expired, cancel_requested FROM (
                      SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
@@ -225,8 +277,13 @@ impl Sql {
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
-                           WHERE queue = ?1 AND status = 'in_flight'
-                             AND (lease_expires_at IS NULL OR lease_expires_at < {now})
+                           WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at IS NULL
+                           LIMIT ?2)
+                     UNION ALL
+                     SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
+                            cancel_requested_at IS NOT NULL AS cancel_requested
+                     FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
+                           WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at < {now}
                            ORDER BY lease_expires_at LIMIT ?2)
                  )
                  WHERE NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ?1 AND paused_at IS NOT NULL)
@@ -243,7 +300,7 @@ impl Sql {
             ),
             fence_read: format!(
                 "SELECT attempts, claim_generation, claimed_by, errors, status, {now} AS now
-                 FROM {t} WHERE id = ?1 AND queue = ?2"
+                 FROM {t} WHERE id = ?1"
             ),
             finalize: format!(
                 "UPDATE {t} SET status = ?3, attempts = attempts - ?4,
@@ -253,11 +310,11 @@ impl Sql {
                         last_error = coalesce(?7, last_error), errors = ?8,
                         lease_expires_at = NULL, updated_at = {now},
                         finished_at = CASE WHEN ?9 THEN {now} END
-                 WHERE id = ?1 AND queue = ?10 AND status = 'in_flight' AND claim_generation = ?2"
+                 WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2"
             ),
             extend: format!(
                 "UPDATE {t} SET claimed_at = {now}, lease_expires_at = {now} + ?3, updated_at = {now}
-                 WHERE id = ?1 AND queue = ?4 AND status = 'in_flight' AND claim_generation = ?2
+                 WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2
                  RETURNING cancel_requested_at IS NOT NULL AS cancel_requested"
             ),
             get: format!("SELECT {cols} FROM {t} WHERE id = ?1 AND queue = ?2"),
@@ -296,7 +353,8 @@ impl Sql {
                  GROUP BY status"
             ),
             list: format!(
-                "SELECT {cols} FROM {t} WHERE queue = ?1 {{statuses}} AND (?2 IS NULL OR id < ?2)
+                "SELECT {cols} FROM {t}
+                 WHERE queue = ?1 {{statuses}} AND id < coalesce(?2, 9223372036854775807)
                  ORDER BY id DESC LIMIT ?3"
             ),
             find_unique: format!("SELECT {cols} FROM {t} WHERE queue = ?1 AND unique_key = ?2"),
@@ -349,11 +407,17 @@ impl Sql {
                        WHERE paused_at IS NOT NULL OR served_at IS NOT NULL OR stale_fences > 0
                  ORDER BY 1"
             ),
+            // One read: the current minute and the counts of the window up to its end (a row
+            // finished after the read's now is not in it). `?2` minutes.
             throughput: format!(
-                "SELECT CAST(finished_at / 60 AS INTEGER) AS minute, status, count(*) AS jobs
-                 FROM {t}
-                 WHERE finished_at IS NOT NULL AND finished_at >= ?2 AND queue = ?1
-                 GROUP BY 1, 2"
+                "WITH b AS (SELECT CAST({now} / 60 AS INTEGER) AS current)
+                 SELECT b.current AS current, CAST(j.finished_at / 60 AS INTEGER) AS minute,
+                        j.status AS status, count(j.id) AS jobs
+                 FROM b LEFT JOIN {t} AS j
+                   ON j.finished_at IS NOT NULL AND j.queue = ?1
+                  AND j.finished_at >= (b.current - ?2 + 1) * 60.0
+                  AND j.finished_at < (b.current + 1) * 60.0
+                 GROUP BY 1, 2, 3"
             ),
             record_stale: format!(
                 "INSERT INTO {q} (queue, stale_fences, last_stale_at, updated_at)
@@ -370,13 +434,29 @@ impl Sql {
     }
 }
 
-/// An instant of the table (seconds since the epoch) as a time.
-fn instant(secs: f64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros((secs * 1e6).round() as i64).unwrap_or(DateTime::UNIX_EPOCH)
+/// An instant of job `id`'s row (seconds since the epoch) as a time; one no time can hold (a
+/// hand-written 1e300) is corrupt, never a silent 1970.
+fn instant(id: i64, secs: f64) -> Result<DateTime<Utc>, SqliteError> {
+    let micros = secs * 1e6;
+    let at = (micros.is_finite() && micros.abs() < i64::MAX as f64)
+        .then(|| DateTime::from_timestamp_micros(micros.round() as i64))
+        .flatten();
+    at.ok_or_else(|| SqliteError::Corrupt {
+        id,
+        what: format!("the instant {secs}"),
+    })
 }
 
-fn optional_instant(secs: Option<f64>) -> Option<DateTime<Utc>> {
-    secs.map(instant)
+fn optional_instant(id: i64, secs: Option<f64>) -> Result<Option<DateTime<Utc>>, SqliteError> {
+    secs.map(|secs| instant(id, secs)).transpose()
+}
+
+/// A count or priority of job `id`'s row in the width the model gives it.
+fn narrow<T: TryFrom<i64>>(id: i64, column: &str, value: i64) -> Result<T, SqliteError> {
+    T::try_from(value).map_err(|_| SqliteError::Corrupt {
+        id,
+        what: format!("{column} {value}"),
+    })
 }
 
 /// A time as an instant of the table.
@@ -417,19 +497,19 @@ fn record(row: &SqliteRow) -> Result<JobRecord, SqliteError> {
         queue: get_text("queue")?,
         status: status_of(id, &get_text("status")?)?,
         payload,
-        priority: row.try_get::<i64, _>("priority").map_err(db)? as i16,
-        attempts: row.try_get::<i64, _>("attempts").map_err(db)? as i32,
-        reclaims: row.try_get::<i64, _>("reclaims").map_err(db)? as i32,
-        next_attempt_at: instant(f("next_attempt_at")?),
-        claimed_at: optional_instant(of("claimed_at")?),
-        lease_expires_at: optional_instant(of("lease_expires_at")?),
-        cancel_requested_at: optional_instant(of("cancel_requested_at")?),
+        priority: narrow(id, "priority", row.try_get("priority").map_err(db)?)?,
+        attempts: narrow(id, "attempts", row.try_get("attempts").map_err(db)?)?,
+        reclaims: narrow(id, "reclaims", row.try_get("reclaims").map_err(db)?)?,
+        next_attempt_at: instant(id, f("next_attempt_at")?)?,
+        claimed_at: optional_instant(id, of("claimed_at")?)?,
+        lease_expires_at: optional_instant(id, of("lease_expires_at")?)?,
+        cancel_requested_at: optional_instant(id, of("cancel_requested_at")?)?,
         claim_generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
         last_error: row.try_get("last_error").map_err(db)?,
         unique_key: row.try_get("unique_key").map_err(db)?,
-        created_at: instant(f("created_at")?),
-        updated_at: instant(f("updated_at")?),
-        finished_at: optional_instant(of("finished_at")?),
+        created_at: instant(id, f("created_at")?)?,
+        updated_at: instant(id, f("updated_at")?)?,
+        finished_at: optional_instant(id, of("finished_at")?)?,
         claimed_by: row.try_get("claimed_by").map_err(db)?,
         errors,
     })
@@ -441,9 +521,9 @@ fn control_of(row: Option<&SqliteRow>) -> Result<QueueControl, SqliteError> {
     };
     let db = SqliteError::Database;
     Ok(QueueControl {
-        paused_at: optional_instant(row.try_get("paused_at").map_err(db)?),
+        paused_at: optional_instant(-1, row.try_get("paused_at").map_err(db)?)?,
         stale_fences: row.try_get::<i64, _>("stale_fences").map_err(db)?.max(0) as u64,
-        last_stale_at: optional_instant(row.try_get("last_stale_at").map_err(db)?),
+        last_stale_at: optional_instant(-1, row.try_get("last_stale_at").map_err(db)?)?,
     })
 }
 
@@ -458,38 +538,94 @@ fn split_run_at(run_at: RunAt) -> (Option<f64>, Option<f64>) {
 
 /// A transaction of the SQLite backend: `BEGIN IMMEDIATE`, so it holds the write lock from its
 /// first statement. Dropped without commit, it rolls back.
+///
+/// The transaction is SQLite's own (`BEGIN`/`COMMIT` on a pooled connection), not sqlx's: a
+/// statement can make SQLite roll the whole transaction back by itself (`INSERT OR ROLLBACK`,
+/// a trigger's `RAISE(ROLLBACK)`, some I/O errors), after which sqlx would believe it still
+/// open and refuse every later transaction on that connection. Here, whenever a transaction did
+/// not end with a `COMMIT` or `ROLLBACK` that succeeded, its connection is closed instead of
+/// going back to the pool, and SQLite rolls back whatever it left.
 pub struct SqliteTx {
-    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    conn: PoolConnection<Sqlite>,
+    /// `BEGIN` ran, and no `COMMIT` or `ROLLBACK` has succeeded since.
+    open: bool,
     path: String,
     wake: Option<Arc<Notify>>,
 }
 
-impl SqliteTx {
-    /// The transaction's connection, for a hook's own statements (its domain writes).
-    pub fn conn(&mut self) -> &mut SqliteConnection {
-        &mut self.tx
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteTx")
+            .field("path", &self.path)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
     }
 }
 
-impl BackendTx for SqliteTx {
-    async fn commit(self) -> queue_core::Result<()> {
-        let path = self.path;
-        self.tx
-            .commit()
+impl SqliteTx {
+    async fn begin(pool: &SqlitePool, path: &str) -> Result<SqliteTx, SqliteError> {
+        let mut conn = pool
+            .acquire()
             .await
-            .map_err(|e| SqliteError::from_sqlx(e, &path))?;
-        if let Some(wake) = self.wake {
+            .map_err(|e| SqliteError::from_sqlx(e, path))?;
+        // A BEGIN that fails (busy past the timeout) opens nothing: the connection is fine.
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, path))?;
+        Ok(SqliteTx {
+            conn,
+            open: true,
+            path: path.to_owned(),
+            wake: None,
+        })
+    }
+
+    /// The transaction's connection, for a hook's own statements (its domain writes).
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    async fn commit_now(mut self) -> Result<(), SqliteError> {
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut *self.conn)
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, &self.path))?;
+        self.open = false;
+        if let Some(wake) = self.wake.take() {
             wake.notify_waiters();
         }
         Ok(())
     }
 
-    async fn rollback(self) -> queue_core::Result<()> {
-        let path = self.path;
-        self.tx
-            .rollback()
+    async fn rollback_now(mut self) {
+        // A ROLLBACK that fails finds the transaction already ended by SQLite, or cannot end
+        // it: either way the connection is closed (see the type's docs), which ends it.
+        if sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *self.conn)
             .await
-            .map_err(|e| SqliteError::from_sqlx(e, &path))?;
+            .is_ok()
+        {
+            self.open = false;
+        }
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+impl BackendTx for SqliteTx {
+    async fn commit(self) -> queue_core::Result<()> {
+        Ok(self.commit_now().await?)
+    }
+
+    async fn rollback(self) -> queue_core::Result<()> {
+        self.rollback_now().await;
         Ok(())
     }
 }
@@ -501,10 +637,31 @@ pub fn pick_sql(table: &TableName) -> String {
     Sql::new(table).pick
 }
 
+/// The admin listing rendered for `table` and `statuses`, for tests that read its plan: `?1`
+/// queue, `?2` the page's `before` id (NULL: the first page), `?3` the page size.
+#[doc(hidden)]
+pub fn list_sql(table: &TableName, statuses: &[JobStatus]) -> String {
+    list_text(&Sql::new(table), statuses)
+}
+
+fn list_text(sql: &Sql, statuses: &[JobStatus]) -> String {
+    sql.list.replace("{statuses}", &status_filter(statuses))
+}
+
 impl SqliteQueue {
     /// A handle on `config.queue` of `config.table` in the database of `pool` (see
     /// [`open_pool`]); refuses a table that is not on the lease schema.
     pub async fn connect(pool: SqlitePool, config: SqliteQueueConfig) -> Result<Self, SqliteError> {
+        if config.max_payload_bytes > SqliteQueueConfig::MAX_PAYLOAD_BYTES {
+            return Err(SqliteError::InvalidOption {
+                name: "max_payload_bytes",
+                reason: format!(
+                    "{} is over SQLite's largest value ({} bytes)",
+                    config.max_payload_bytes,
+                    SqliteQueueConfig::MAX_PAYLOAD_BYTES
+                ),
+            });
+        }
         let path = pool.connect_options().get_filename().display().to_string();
         schema::check(&pool, &config.table, &path).await?;
         let sql = Arc::new(Sql::new(&config.table));
@@ -551,17 +708,7 @@ impl SqliteQueue {
     }
 
     async fn begin_immediate(&self) -> Result<SqliteTx, SqliteError> {
-        let tx = self
-            .inner
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(SqliteTx {
-            tx,
-            path: self.inner.path.clone(),
-            wake: None,
-        })
+        SqliteTx::begin(&self.inner.pool, &self.inner.path).await
     }
 
     fn queue_str(&self) -> &str {
@@ -615,7 +762,7 @@ impl SqliteQueue {
         for job in jobs {
             out.push(self.insert(tx.conn(), job).await?);
         }
-        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        tx.commit_now().await?;
         let new = out.iter().filter(|e| !e.duplicate).count() as u64;
         queue_core::metrics::record_enqueued(&self.inner.config.queue, new);
         self.inner.wake.notify_waiters();
@@ -633,57 +780,61 @@ impl SqliteQueue {
             .await
             .map_err(|e| self.err(e))?;
         if picked.is_empty() {
-            tx.tx.rollback().await.map_err(|e| self.err(e))?;
+            tx.rollback_now().await;
             return Ok(ClaimBatch::default());
         }
+        let db = SqliteError::Database;
         let mut order = Vec::with_capacity(picked.len());
         let mut expired = Vec::new();
         let mut flags = std::collections::HashMap::new();
         for row in &picked {
-            let id: i64 = row.try_get("id").map_err(SqliteError::Database)?;
-            let was_expired: bool = row.try_get("expired").map_err(SqliteError::Database)?;
-            let reclaims: i64 = row.try_get("reclaims").map_err(SqliteError::Database)?;
-            let cancel: bool = row
-                .try_get("cancel_requested")
-                .map_err(SqliteError::Database)?;
+            let id: i64 = row.try_get("id").map_err(db)?;
+            let was_expired: bool = row.try_get("expired").map_err(db)?;
+            let reclaims: i64 = row.try_get("reclaims").map_err(db)?;
+            let cancel: bool = row.try_get("cancel_requested").map_err(db)?;
             if was_expired {
                 expired.push(id);
             }
             order.push(id);
             flags.insert(id, (was_expired, reclaims, cancel));
         }
-        let ids = serde_json::to_string(&order).unwrap_or_default();
-        let expired_ids = serde_json::to_string(&expired).unwrap_or_default();
+        let json = |ids: &[i64]| Value::from(ids.to_vec()).to_string();
         let rows = sqlx::query(AssertSqlSafe(sql.claim.as_str()))
-            .bind(&ids)
-            .bind(&expired_ids)
+            .bind(json(&order))
+            .bind(json(&expired))
             .bind(request.holder.as_deref())
             .bind(request.lease.as_secs_f64())
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
-        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        // Every row is read before the claim commits: a row that cannot be read leaves the
+        // jobs as they were, not claimed by a worker that never got them.
         let mut jobs = Vec::with_capacity(rows.len());
         for row in &rows {
-            let db = SqliteError::Database;
             let id: i64 = row.try_get("id").map_err(db)?;
             let (taken_over, reclaims_before, cancel_requested) =
                 flags.get(&id).copied().unwrap_or((false, 0, false));
             let payload_text: String = row.try_get("payload").map_err(db)?;
+            let payload =
+                serde_json::from_str(&payload_text).map_err(|_| SqliteError::Corrupt {
+                    id,
+                    what: "a payload that is not JSON".to_owned(),
+                })?;
             jobs.push(ClaimedJob {
                 id: JobId(id),
                 generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
-                attempts: row.try_get::<i64, _>("attempts").map_err(db)? as i32,
-                reclaims: row.try_get::<i64, _>("reclaims").map_err(db)? as i32,
+                attempts: narrow(id, "attempts", row.try_get("attempts").map_err(db)?)?,
+                reclaims: narrow(id, "reclaims", row.try_get("reclaims").map_err(db)?)?,
                 taken_over,
                 over_reclaim_cap: taken_over && reclaims_before >= i64::from(request.max_reclaims),
                 cancel_requested,
-                claimed_at: instant(row.try_get("claimed_at").map_err(db)?),
-                due_at: instant(row.try_get("next_attempt_at").map_err(db)?),
-                priority: row.try_get::<i64, _>("priority").map_err(db)? as i16,
-                payload: serde_json::from_str(&payload_text).unwrap_or(Value::Null),
+                claimed_at: instant(id, row.try_get("claimed_at").map_err(db)?)?,
+                due_at: instant(id, row.try_get("next_attempt_at").map_err(db)?)?,
+                priority: narrow(id, "priority", row.try_get("priority").map_err(db)?)?,
+                payload,
             });
         }
+        tx.commit_now().await?;
         let position: std::collections::HashMap<i64, usize> =
             order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         jobs.sort_by_key(|j| position.get(&j.id.0).copied().unwrap_or(usize::MAX));
@@ -701,7 +852,6 @@ impl SqliteQueue {
         let action = action.storable();
         let Some(row) = sqlx::query(AssertSqlSafe(sql.fence_read.as_str()))
             .bind(claim.id.0)
-            .bind(self.queue_str())
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.err(e))?
@@ -726,7 +876,7 @@ impl SqliteQueue {
             errors.push(serde_json::json!({
                 "attempt": attempts,
                 "generation": generation,
-                "at": instant(now),
+                "at": instant(claim.id.0, now)?,
                 "worker": holder,
                 "outcome": action.kind(),
                 "error": queue_core::limits::history_text(error),
@@ -755,7 +905,6 @@ impl SqliteQueue {
             .bind(action.error_text())
             .bind(Value::Array(errors).to_string())
             .bind(target.is_terminal())
-            .bind(self.queue_str())
             .execute(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
@@ -843,7 +992,7 @@ impl Backend for SqliteQueue {
         for (claim, action) in items {
             outcomes.push(self.finalize_one(tx.conn(), *claim, action).await?);
         }
-        tx.tx.commit().await.map_err(|e| self.err(e))?;
+        tx.commit_now().await?;
         self.inner.wake.notify_waiters();
         Ok(outcomes)
     }
@@ -853,7 +1002,6 @@ impl Backend for SqliteQueue {
             .bind(claim.id.0)
             .bind(claim.generation.0)
             .bind(lease.as_secs_f64())
-            .bind(self.queue_str())
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -989,16 +1137,19 @@ fn status_filter(statuses: &[JobStatus]) -> String {
         .iter()
         .map(|s| format!("'{}'", s.as_str()))
         .collect();
-    format!("AND status IN ({})", list.join(", "))
+    let mut filter = format!("AND status IN ({})", list.join(", "));
+    // SQLite uses a partial index only when the query repeats its condition: a listing of
+    // failed, dead or cancelled jobs says so, and reads the failed index instead of the table.
+    let ended = [JobStatus::Failed, JobStatus::Dead, JobStatus::Cancelled];
+    if statuses.iter().all(|s| ended.contains(s)) {
+        filter.push_str(" AND status IN ('failed', 'dead', 'cancelled')");
+    }
+    filter
 }
 
 impl queue_core::Admin for SqliteQueue {
     async fn list_jobs(&self, filter: &JobFilter) -> queue_core::Result<JobPage> {
-        let text = self
-            .inner
-            .sql
-            .list
-            .replace("{statuses}", &status_filter(&filter.statuses));
+        let text = list_text(&self.inner.sql, &filter.statuses);
         let queue = self.queue_str().to_owned();
         let rows = self
             .fetch_records(&text, |q| {
@@ -1111,29 +1262,35 @@ impl queue_core::Admin for SqliteQueue {
 
     async fn throughput(&self, minutes: u32) -> queue_core::Result<Vec<MinuteCounts>> {
         let minutes = i64::from(minutes.clamp(1, 1_440));
-        let now: f64 = sqlx::query_scalar("SELECT unixepoch('subsec')")
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let current = (now / 60.0).floor() as i64;
-        let first = current - minutes + 1;
         let rows = sqlx::query(AssertSqlSafe(self.inner.sql.throughput.as_str()))
             .bind(self.queue_str())
-            .bind((first * 60) as f64)
+            .bind(minutes)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let mut out: Vec<MinuteCounts> = (first..=current)
-            .map(|m| MinuteCounts {
-                minute: instant((m * 60) as f64),
+        let db = SqliteError::Database;
+        let current: i64 = match rows.first() {
+            Some(row) => row.try_get("current").map_err(db)?,
+            None => return Err(SqliteError::Database(sqlx::Error::RowNotFound).into()),
+        };
+        let first = current - minutes + 1;
+        let mut out = Vec::with_capacity(minutes as usize);
+        for m in first..=current {
+            out.push(MinuteCounts {
+                minute: instant(-1, (m * 60) as f64)?,
                 finished: FinishedCounts::default(),
-            })
-            .collect();
+            });
+        }
         for row in rows {
-            let minute: i64 = row.try_get("minute").map_err(SqliteError::Database)?;
-            let status: String = row.try_get("status").map_err(SqliteError::Database)?;
-            let jobs: i64 = row.try_get("jobs").map_err(SqliteError::Database)?;
-            if let Some(slot) = out.get_mut((minute - first).clamp(0, minutes - 1) as usize) {
+            let Some(minute) = row.try_get::<Option<i64>, _>("minute").map_err(db)? else {
+                continue;
+            };
+            let status: String = row.try_get("status").map_err(db)?;
+            let jobs: i64 = row.try_get("jobs").map_err(db)?;
+            if let Some(slot) = usize::try_from(minute - first)
+                .ok()
+                .and_then(|i| out.get_mut(i))
+            {
                 slot.finished
                     .add(status_of(-1, &status)?, jobs.max(0) as u64);
             }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::LazyLock;
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlitePool};
 
 use crate::error::SqliteError;
@@ -127,10 +127,34 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     migrator
 });
 
-/// Applies the framework's migrations of the standard table (idempotent).
+/// Applies the framework's migrations of the standard table (idempotent; several processes
+/// may run it at once, see [`run_migrator`]).
 pub async fn migrate(pool: &SqlitePool) -> Result<(), SqliteError> {
-    MIGRATOR.run(pool).await?;
-    Ok(())
+    run_migrator(&MIGRATOR, pool).await
+}
+
+/// Runs `migrator` on `pool` so that several processes can do so at once on one file, as
+/// services do at start-up. sqlx's SQLite migrator takes no lock: of two processes that apply
+/// the same migration, one loses to SQLite's write lock (busy) or to the other's record of it (a
+/// unique key taken). Either way the run is tried again, and finds the migration applied.
+pub async fn run_migrator(migrator: &Migrator, pool: &SqlitePool) -> Result<(), SqliteError> {
+    const ATTEMPTS: u32 = 20;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(MigrateError::Execute(err))
+                if attempt < ATTEMPTS
+                    && (crate::error::is_busy(&err) || crate::error::is_constraint(&err)) =>
+            {
+                // A short, growing, jittered pause, so that the losers do not collide again.
+                let pause = 10 * u64::from(attempt) + fastrand::u64(0..20);
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// The columns of a queue table and their declared types: what `get` selects and the schema
@@ -195,7 +219,36 @@ pub(crate) async fn check(
             .fetch_one(pool)
             .await
             .map_err(err)?;
+    // The table's own declaration: AUTOINCREMENT (ids never reused) and STRICT (types kept).
+    let (declared, strict): (String, bool) = sqlx::query_as(
+        "SELECT m.sql, l.strict FROM sqlite_master AS m
+         JOIN pragma_table_list AS l ON l.name = m.name AND l.schema = 'main'
+         WHERE m.type = 'table' AND m.name = ?1",
+    )
+    .bind(table.as_str())
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    let unique: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_index_list(?1) WHERE \"unique\" = 1")
+            .bind(table.as_str())
+            .fetch_all(pool)
+            .await
+            .map_err(err)?;
     let mut missing = Vec::new();
+    if !declared.to_ascii_uppercase().contains("AUTOINCREMENT") {
+        // Without it SQLite reuses the highest id once that row is purged: a new job would
+        // start at generation 1 under a purged job's id, and the purged job's stale worker
+        // could write to it with its old (id, generation).
+        missing.push("AUTOINCREMENT on id (ids must never be reused)".to_owned());
+    }
+    if !strict {
+        missing.push("STRICT (the table's column types enforced)".to_owned());
+    }
+    let unique_name = format!("{table}_unique_idx");
+    if indexes.contains(&unique_name) && !unique.contains(&unique_name) {
+        missing.push(format!("index {unique_name} must be UNIQUE"));
+    }
     for (name, ty) in COLUMNS {
         match columns.iter().find(|(n, _)| n == name) {
             None => missing.push(format!("column {name} ({ty})")),

@@ -35,6 +35,28 @@ impl Drop for Scratch {
     }
 }
 
+/// A value a plan's query binds.
+enum Bind<'a> {
+    Text(&'a str),
+    Int(Option<i64>),
+}
+
+/// The plan of `sql` with `binds`, one line per step (`EXPLAIN QUERY PLAN`'s `detail`).
+async fn plan(queue: &SqliteQueue, sql: &str, binds: &[Bind<'_>]) -> Vec<String> {
+    let text = format!("EXPLAIN QUERY PLAN {sql}");
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+    for bind in binds {
+        query = match bind {
+            Bind::Text(text) => query.bind(text.to_string()),
+            Bind::Int(n) => query.bind(*n),
+        };
+    }
+    let rows = query.fetch_all(queue.pool()).await.unwrap();
+    rows.iter()
+        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+        .collect()
+}
+
 async fn queue_at(path: &Path, options: &OpenOptions) -> SqliteQueue {
     let pool = queue_sqlite::open_pool(path, options).await.expect("open");
     queue_sqlite::migrate(&pool).await.expect("migrate");
@@ -58,35 +80,19 @@ async fn the_claim_reads_its_partial_indexes_whatever_the_backlog() {
     .execute(queue.pool())
     .await
     .unwrap();
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT detail FROM (EXPLAIN QUERY PLAN {})",
-        queue_sqlite::pick_sql(&TableName::default())
-    )))
-    .bind("default")
-    .bind(10_i64)
-    .fetch_all(queue.pool())
-    .await
-    .unwrap_or_default();
-    // sqlx cannot select from EXPLAIN: read the plan rows directly.
-    let plan = if plan.is_empty() {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN QUERY PLAN {}",
-            queue_sqlite::pick_sql(&TableName::default())
-        )))
-        .bind("default")
-        .bind(10_i64)
-        .fetch_all(queue.pool())
-        .await
-        .unwrap();
-        rows.iter()
-            .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
-            .collect()
-    } else {
-        plan
-    };
+    let pick = queue_sqlite::pick_sql(&TableName::default());
+    let plan = plan(&queue, &pick, &[Bind::Text("default"), Bind::Int(Some(10))]).await;
     let text = plan.join("\n");
     assert!(text.contains("USING INDEX queue_jobs_due_idx"), "{text}");
-    assert!(text.contains("USING INDEX queue_jobs_expiry_idx"), "{text}");
+    // Both expired picks are bounded ranges of the expiry index, not a read of every lease.
+    assert!(
+        text.contains("expiry_idx (queue=? AND lease_expires_at=?)"),
+        "the pick of rows without a lease: {text}"
+    );
+    assert!(
+        text.contains("expiry_idx (queue=? AND lease_expires_at<?)"),
+        "the pick of passed leases: {text}"
+    );
     assert!(
         !plan
             .iter()
@@ -386,4 +392,395 @@ async fn bad_files_are_refused_with_a_typed_error() {
     );
     let status = other.get(JobId(1)).await.unwrap().unwrap().status;
     assert_eq!(status, JobStatus::Pending);
+}
+
+/// A table whose ids SQLite may reuse (no AUTOINCREMENT) is refused: a purged job's id would
+/// come back at generation 1, and the purged job's stale worker could write to the new job with
+/// its old `(id, generation)`. On the framework's table the stale write stays stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_are_never_reused_so_a_purged_jobs_fence_never_matches_a_new_job() {
+    let scratch = Scratch::new("recycle");
+    let pool = queue_sqlite::open_pool(scratch.db(), &OpenOptions::default())
+        .await
+        .unwrap();
+    let reusing =
+        queue_sqlite::create_table_sql(&TableName::default()).replace(" AUTOINCREMENT", "");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(reusing))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let refused = SqliteQueue::connect(pool.clone(), SqliteQueueConfig::default())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("AUTOINCREMENT"), "{refused}");
+    sqlx::raw_sql("DROP TABLE queue_jobs; DROP TABLE queue_jobs_queues")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let not_strict =
+        queue_sqlite::create_table_sql(&TableName::default()).replace(") STRICT;", ");");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(not_strict))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let refused = SqliteQueue::connect(pool.clone(), SqliteQueueConfig::default())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("STRICT"), "{refused}");
+    pool.close().await;
+
+    let scratch = Scratch::new("recycle-ours");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    let lease = Lease::from_secs(30).unwrap();
+    queue.enqueue(NewJob::new(&"a").unwrap()).await.unwrap();
+    let stale = queue
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    sqlx::query("UPDATE queue_jobs SET lease_expires_at = lease_expires_at - 60")
+        .execute(queue.pool())
+        .await
+        .unwrap();
+    let taker = queue
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let done = queue
+        .finalize(taker.claim(), &Finalize::Complete)
+        .await
+        .unwrap();
+    assert_eq!(done, FinalizeOutcome::Applied);
+    sqlx::query("UPDATE queue_jobs SET finished_at = finished_at - 60")
+        .execute(queue.pool())
+        .await
+        .unwrap();
+    let request =
+        queue_core::PurgeRequest::new(&[JobStatus::Completed], Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        queue_core::Admin::purge_batch(&queue, &request)
+            .await
+            .unwrap(),
+        1
+    );
+    let next = queue.enqueue(NewJob::new(&"b").unwrap()).await.unwrap();
+    assert_ne!(next.id, stale.id, "a purged job's id was reused");
+    let _new = queue
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let late = queue
+        .finalize(
+            stale.claim(),
+            &Finalize::Fail {
+                error: "late".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(late, FinalizeOutcome::Stale);
+}
+
+/// A statement that makes SQLite roll the whole transaction back by itself (`INSERT OR
+/// ROLLBACK`) in a hook: the finalize fails, and the connection it used does not go back to the
+/// pool believing a transaction is open, so every later claim works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_sqlite_rolled_back_by_itself_leaves_no_connection_broken() {
+    struct RollingBack;
+    impl queue_core::FinalizeHook<queue_sqlite::SqliteTx, serde_json::Value> for RollingBack {
+        async fn after_applied(
+            &self,
+            tx: &mut queue_sqlite::SqliteTx,
+            _: &queue_core::FinalizeEvent<'_, serde_json::Value>,
+        ) -> Result<(), queue_core::BoxError> {
+            sqlx::query("INSERT OR ROLLBACK INTO outbox (k) VALUES ('taken')")
+                .execute(tx.conn())
+                .await?;
+            Ok(())
+        }
+    }
+    let scratch = Scratch::new("rolled-back");
+    let one = OpenOptions {
+        max_connections: 1,
+        ..OpenOptions::default()
+    };
+    let queue = queue_at(&scratch.db(), &one).await;
+    sqlx::raw_sql("CREATE TABLE outbox (k TEXT PRIMARY KEY); INSERT INTO outbox VALUES ('taken');")
+        .execute(queue.pool())
+        .await
+        .unwrap();
+    for n in 0..3 {
+        queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
+    }
+    let lease = Lease::from_secs(30).unwrap();
+    let job = queue
+        .claim(ClaimRequest::new(1, lease))
+        .await
+        .unwrap()
+        .jobs
+        .remove(0);
+    let hooks = queue_core::Hooks::new().with(RollingBack);
+    let failed = queue_core::finalize_with_hooks(&queue, &hooks, &job, &Finalize::Complete).await;
+    assert!(failed.is_err(), "{failed:?}");
+    for _ in 0..2 {
+        let next = queue.claim(ClaimRequest::new(1, lease)).await.unwrap().jobs;
+        assert_eq!(next.len(), 1);
+        let done = queue
+            .finalize(next[0].claim(), &Finalize::Complete)
+            .await
+            .unwrap();
+        assert_eq!(done, FinalizeOutcome::Applied);
+    }
+    // The hook's job is still the first worker's: nothing of the failed finalize stayed.
+    assert_eq!(
+        queue.get(job.id).await.unwrap().unwrap().status,
+        JobStatus::InFlight
+    );
+}
+
+/// Six processes' pools migrating one new file at once (services starting together): every
+/// one succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_pools_migrating_a_new_file_at_once_all_succeed() {
+    for round in 0..3 {
+        let scratch = Scratch::new(&format!("migrate-{round}"));
+        let mut pools = Vec::new();
+        for _ in 0..6 {
+            pools.push(
+                queue_sqlite::open_pool(scratch.db(), &OpenOptions::default())
+                    .await
+                    .unwrap(),
+            );
+        }
+        let runs: Vec<_> = pools
+            .into_iter()
+            .map(|pool| tokio::spawn(async move { queue_sqlite::migrate(&pool).await }))
+            .collect();
+        for run in runs {
+            run.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+}
+
+/// A migration that meets another writer's lock past the busy timeout is transient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_behind_a_held_lock_is_transient() {
+    let scratch = Scratch::new("migrate-busy");
+    let patient = OpenOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..OpenOptions::default()
+    };
+    let holder_pool = queue_sqlite::open_pool(scratch.db(), &patient)
+        .await
+        .unwrap();
+    let pool = queue_sqlite::open_pool(scratch.db(), &patient)
+        .await
+        .unwrap();
+    let mut holder = holder_pool.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let err = queue_sqlite::migrate(&pool).await.unwrap_err();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert!(err.is_transient(), "{err}");
+    queue_sqlite::migrate(&pool).await.unwrap();
+}
+
+/// The admin listings read a bounded range, not the table: a page before an id is a rowid
+/// range, and a listing of dead jobs reads the failed index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listings_read_a_range_not_the_table() {
+    let scratch = Scratch::new("listing");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    sqlx::raw_sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
+         INSERT INTO queue_jobs (queue, status, finished_at)
+             SELECT 'default', 'completed', unixepoch('subsec') FROM n;
+         INSERT INTO queue_jobs (queue, status, finished_at) VALUES ('default', 'dead', unixepoch('subsec'));
+         ANALYZE;",
+    )
+    .execute(queue.pool())
+    .await
+    .unwrap();
+    let table = TableName::default();
+    let binds = [
+        Bind::Text("default"),
+        Bind::Int(Some(60)),
+        Bind::Int(Some(51)),
+    ];
+    let all = plan(&queue, &queue_sqlite::list_sql(&table, &[]), &binds)
+        .await
+        .join("\n");
+    assert!(all.contains("rowid<?"), "a page before an id: {all}");
+    let dead = queue_sqlite::list_sql(&table, &[JobStatus::Dead]);
+    let first_page = [Bind::Text("default"), Bind::Int(None), Bind::Int(Some(51))];
+    let dead_plan = plan(&queue, &dead, &first_page).await.join("\n");
+    assert!(
+        dead_plan.contains("queue_jobs_failed_idx"),
+        "the dead jobs: {dead_plan}"
+    );
+    let page = queue_core::Admin::list_jobs(
+        &queue,
+        &queue_core::JobFilter::new().status(JobStatus::Dead),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.jobs.len(), 1);
+}
+
+/// Values the table's types or checks do not allow are refused at the write (a STRICT table,
+/// JSON checked), so no claim meets a row it cannot read; out-of-range options are typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_the_model_cannot_hold_are_refused_at_the_write() {
+    let scratch = Scratch::new("strict");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    for (what, insert) in [
+        (
+            "a payload that is not JSON",
+            "INSERT INTO queue_jobs (queue, payload) VALUES ('default', '{\"card\": 41')",
+        ),
+        (
+            "an instant as text",
+            "INSERT INTO queue_jobs (queue, next_attempt_at) VALUES ('default', datetime('now'))",
+        ),
+        (
+            "a priority out of range",
+            "INSERT INTO queue_jobs (queue, priority) VALUES ('default', 100000)",
+        ),
+        (
+            "negative attempts",
+            "INSERT INTO queue_jobs (queue, attempts) VALUES ('default', -1)",
+        ),
+    ] {
+        let refused = sqlx::query(sqlx::AssertSqlSafe(insert))
+            .execute(queue.pool())
+            .await;
+        assert!(refused.is_err(), "{what} was stored");
+    }
+    assert_eq!(queue.counts().await.unwrap().pending, 0);
+    let absurd = OpenOptions {
+        busy_timeout: Duration::from_secs(30 * 24 * 3600),
+        ..OpenOptions::default()
+    };
+    let err = queue_sqlite::open_pool(scratch.0.join("other.db"), &absurd)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::InvalidOption {
+                name: "busy_timeout",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let none = OpenOptions {
+        max_connections: 0,
+        ..OpenOptions::default()
+    };
+    let err = queue_sqlite::open_pool(scratch.0.join("other.db"), &none)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::InvalidOption {
+                name: "max_connections",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let huge = SqliteQueueConfig {
+        max_payload_bytes: 2_000_000_000,
+        ..SqliteQueueConfig::default()
+    };
+    let err = SqliteQueue::connect(queue.pool().clone(), huge)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::InvalidOption {
+                name: "max_payload_bytes",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// `chattr` on `path`: immutable files and directories stand for read-only ones, which root
+/// (as the tests run) could write whatever their permissions.
+fn immutable(path: &Path, on: bool) {
+    let status = std::process::Command::new("chattr")
+        .arg(if on { "+i" } else { "-i" })
+        .arg(path)
+        .status()
+        .expect("chattr (e2fsprogs) runs");
+    assert!(
+        status.success(),
+        "chattr {} {}",
+        if on { "+i" } else { "-i" },
+        path.display()
+    );
+}
+
+/// A directory the WAL files cannot be created in, and a file that cannot be written, are
+/// refused at open with `ReadOnly`, not found out at the first claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_directory_or_file_is_refused_at_open() {
+    let scratch = Scratch::new("read-only");
+    let dir = scratch.0.join("jobs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("queue.db");
+    let queue = queue_at(&db, &OpenOptions::default()).await;
+    queue.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    queue.pool().close().await;
+    for file in ["queue.db-wal", "queue.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+
+    immutable(&dir, true);
+    let in_dir = queue_sqlite::open_pool(&db, &OpenOptions::default()).await;
+    immutable(&dir, false);
+    let err = in_dir.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::Open {
+                reason: OpenFailure::ReadOnly,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    immutable(&db, true);
+    let file = queue_sqlite::open_pool(&db, &OpenOptions::default()).await;
+    immutable(&db, false);
+    let err = file.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SqliteError::Open {
+                reason: OpenFailure::ReadOnly,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("queue.db"), "{err}");
 }

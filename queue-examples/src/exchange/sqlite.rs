@@ -173,10 +173,8 @@ impl SqliteExchange {
 
     /// Applies the exchange's migrations to `pool` and opens the send queue.
     pub async fn migrate_and_connect(pool: SqlitePool) -> Result<Self, ExchangeError> {
-        SQLITE_MIGRATOR
-            .run(&pool)
-            .await
-            .map_err(queue_sqlite::SqliteError::from)?;
+        // Several processes may start at once on one file.
+        queue_sqlite::run_migrator(&SQLITE_MIGRATOR, &pool).await?;
         Self::connect(pool).await
     }
 
