@@ -307,7 +307,7 @@ impl Sql {
                         next_attempt_at = CASE WHEN ?5 IS NOT NULL THEN ?5
                                                WHEN ?6 IS NOT NULL THEN {now} + ?6
                                                ELSE next_attempt_at END,
-                        last_error = coalesce(?7, last_error), errors = ?8,
+                        last_error = coalesce(?7, last_error), errors = coalesce(?8, errors),
                         lease_expires_at = NULL, updated_at = {now},
                         finished_at = CASE WHEN ?9 THEN {now} END
                  WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2"
@@ -850,42 +850,15 @@ impl SqliteQueue {
     ) -> Result<FinalizeOutcome, SqliteError> {
         let sql = &self.inner.sql;
         let action = action.storable();
-        let Some(row) = sqlx::query(AssertSqlSafe(sql.fence_read.as_str()))
-            .bind(claim.id.0)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?
-        else {
-            return Ok(FinalizeOutcome::Stale);
+        // Only an outcome with an error reads the row first (its history grows by an entry
+        // with the claim's attempt and holder); the others are the fenced update alone.
+        let errors = match action.error_text() {
+            None => None,
+            Some(error) => match self.history_with(conn, claim, &action, error).await? {
+                Some(errors) => Some(errors),
+                None => return Ok(FinalizeOutcome::Stale),
+            },
         };
-        let db = SqliteError::Database;
-        let status: String = row.try_get("status").map_err(db)?;
-        let generation: i64 = row.try_get("claim_generation").map_err(db)?;
-        if status != JobStatus::InFlight.as_str() || generation != claim.generation.0 {
-            return Ok(FinalizeOutcome::Stale);
-        }
-        let attempts: i64 = row.try_get("attempts").map_err(db)?;
-        let holder: Option<String> = row.try_get("claimed_by").map_err(db)?;
-        let now: f64 = row.try_get("now").map_err(db)?;
-        let errors_text: String = row.try_get("errors").map_err(db)?;
-        let mut errors: Vec<Value> = match serde_json::from_str(&errors_text) {
-            Ok(Value::Array(entries)) => entries,
-            _ => Vec::new(),
-        };
-        if let Some(error) = action.error_text() {
-            errors.push(serde_json::json!({
-                "attempt": attempts,
-                "generation": generation,
-                "at": instant(claim.id.0, now)?,
-                "worker": holder,
-                "outcome": action.kind(),
-                "error": queue_core::limits::history_text(error),
-            }));
-            let keep = queue_core::limits::ERROR_HISTORY_LEN;
-            if errors.len() > keep {
-                errors.drain(..errors.len() - keep);
-            }
-        }
         let (at, delay) = match &action {
             // A retry always moves next_attempt_at: "now" is a delay of zero.
             Finalize::Retry { at, .. } => match split_run_at(*at) {
@@ -903,12 +876,60 @@ impl SqliteQueue {
             .bind(at)
             .bind(delay)
             .bind(action.error_text())
-            .bind(Value::Array(errors).to_string())
+            .bind(errors)
             .bind(target.is_terminal())
             .execute(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
         Ok(FinalizeOutcome::from_rows_affected(done.rows_affected()))
+    }
+
+    /// The job's error history with `error` appended (the last
+    /// [`queue_core::limits::ERROR_HISTORY_LEN`] kept), as JSON text; `None` when the claim no
+    /// longer holds the job.
+    async fn history_with(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: Claim,
+        action: &Finalize,
+        error: &str,
+    ) -> Result<Option<String>, SqliteError> {
+        let Some(row) = sqlx::query(AssertSqlSafe(self.inner.sql.fence_read.as_str()))
+            .bind(claim.id.0)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(None);
+        };
+        let db = SqliteError::Database;
+        let status: String = row.try_get("status").map_err(db)?;
+        let generation: i64 = row.try_get("claim_generation").map_err(db)?;
+        if status != JobStatus::InFlight.as_str() || generation != claim.generation.0 {
+            return Ok(None);
+        }
+        let attempts: i64 = row.try_get("attempts").map_err(db)?;
+        let holder: Option<String> = row.try_get("claimed_by").map_err(db)?;
+        let now: f64 = row.try_get("now").map_err(db)?;
+        let errors_text: String = row.try_get("errors").map_err(db)?;
+        // A history that is not an array (edited by hand) starts again from empty.
+        let mut errors: Vec<Value> = match serde_json::from_str(&errors_text) {
+            Ok(Value::Array(entries)) => entries,
+            _ => Vec::new(),
+        };
+        errors.push(serde_json::json!({
+            "attempt": attempts,
+            "generation": generation,
+            "at": instant(claim.id.0, now)?,
+            "worker": holder,
+            "outcome": action.kind(),
+            "error": queue_core::limits::history_text(error),
+        }));
+        let keep = queue_core::limits::ERROR_HISTORY_LEN;
+        if errors.len() > keep {
+            errors.drain(..errors.len() - keep);
+        }
+        Ok(Some(Value::Array(errors).to_string()))
     }
 
     async fn fetch_records(
