@@ -7,6 +7,7 @@ SET LOCAL lock_timeout = '500ms';
 ALTER TABLE "exchange_send_jobs"
     ADD COLUMN IF NOT EXISTS claimed_at          timestamptz,
     ADD COLUMN IF NOT EXISTS claim_generation    bigint      NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS claim_token         bigint      NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS reclaims            integer     NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS queue               text        NOT NULL DEFAULT 'exchange.send',
     ADD COLUMN IF NOT EXISTS payload             jsonb       NOT NULL DEFAULT '{}',

@@ -35,11 +35,14 @@ pub trait BackendTx: Send + 'static {
 ///   due, or `in_flight` with an expired lease (its stored `lease_expires_at` passed, by the
 ///   backend's clock; a claim made before leases were stored counts from `claimed_at` and the
 ///   claimer's lease; a row with neither counts as expired), in `next_attempt_at` then
-///   `priority` order. It bumps `attempts` and `claim_generation`, stamps `claimed_at`, stores
-///   the lease, and never hands one job to two concurrent claims.
+///   `priority` order. It bumps `attempts` and `claim_generation`, stores a fresh
+///   [`ClaimToken`](crate::ClaimToken) as `claim_token`, stamps `claimed_at`, stores the lease,
+///   and never hands one job to two concurrent claims.
 /// * **Every lease-holder write** ([`Backend::finalize_in`], [`Backend::finalize_many`],
 ///   [`Backend::extend_lease`]) is a compare-and-set on `(id, status = in_flight,
-///   claim_generation)` and reports [`FinalizeOutcome::Stale`] when it did nothing.
+///   claim_generation, claim_token)` and reports [`FinalizeOutcome::Stale`] when it did nothing:
+///   a generation the store handed out twice (after losing committed writes) still fences,
+///   because the two claims drew different tokens.
 /// * Clock: lease arithmetic uses the backend's clock only, never the caller's.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// The transaction type in which finalizes and hooks run. Hooks receive `&mut Self::Tx` so
@@ -73,7 +76,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// it with [`Finalize::Dead`].
     fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<ClaimBatch>> + Send;
 
-    /// Applies `action` to the claimed job inside `tx`, fenced on `(id, in_flight, generation)`.
+    /// Applies `action` to the claimed job inside `tx`, fenced on `(id, in_flight, generation,
+    /// token)`.
     fn finalize_in(
         &self,
         tx: &mut Self::Tx,

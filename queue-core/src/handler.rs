@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::BoxError;
-use crate::types::{Claim, ClaimGeneration, ClaimedJob, JobId, QueueName};
+use crate::types::{Claim, ClaimGeneration, ClaimToken, ClaimedJob, JobId, QueueName};
 
 /// The code that runs a job.
 ///
@@ -108,6 +108,7 @@ pub struct JobContext {
     queue: QueueName,
     id: JobId,
     generation: ClaimGeneration,
+    token: ClaimToken,
     attempts: i32,
     reclaims: i32,
     claimed_at: DateTime<Utc>,
@@ -124,6 +125,7 @@ impl JobContext {
             queue,
             id: job.id,
             generation: job.generation,
+            token: job.token,
             attempts: job.attempts,
             reclaims: job.reclaims,
             claimed_at: job.claimed_at,
@@ -179,6 +181,7 @@ impl JobContext {
         Claim {
             id: self.id,
             generation: self.generation,
+            token: self.token,
         }
     }
 

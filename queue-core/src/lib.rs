@@ -92,9 +92,9 @@ pub use memory::{MemoryBackend, MemoryTx};
 pub use retry::RetryPolicy;
 pub use types::{
     CANCEL_REQUESTED_MESSAGE, CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, Claim,
-    ClaimBatch, ClaimGeneration, ClaimRequest, ClaimedJob, DEFAULT_MAX_RECLAIMS, Enqueued,
-    ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord, JobStatus,
-    Lease, NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
+    ClaimBatch, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, DEFAULT_MAX_RECLAIMS,
+    Enqueued, ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord,
+    JobStatus, Lease, NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
 };
 pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

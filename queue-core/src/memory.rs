@@ -16,8 +16,8 @@ use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
 use crate::types::{
     CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
-    ClaimedJob, Enqueued, Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord, JobStatus, Lease,
-    NewJob, QueueCounts, QueueName, RunAt,
+    ClaimToken, ClaimedJob, Enqueued, Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord,
+    JobStatus, Lease, NewJob, QueueCounts, QueueName, RunAt,
 };
 
 /// A queue held in process memory. Cloning gives another handle on the same store and queue.
@@ -159,6 +159,7 @@ impl State {
             lease_expires_at: None,
             cancel_requested_at: None,
             claim_generation: ClaimGeneration(0),
+            claim_token: ClaimToken(0),
             last_error: None,
             unique_key: job.unique_key,
             created_at: now,
@@ -190,6 +191,7 @@ impl State {
         if current.queue != queue.as_str()
             || current.status != JobStatus::InFlight
             || current.claim_generation != claim.generation
+            || current.claim_token != claim.token
         {
             return None;
         }
@@ -328,6 +330,7 @@ impl MemoryBackend {
             lease_expires_at: None,
             cancel_requested_at: None,
             claim_generation: ClaimGeneration(0),
+            claim_token: ClaimToken(0),
             last_error: None,
             unique_key: None,
             created_at: now,
@@ -542,6 +545,7 @@ impl Backend for MemoryBackend {
         expired.sort();
 
         let mut batch = ClaimBatch::default();
+        let token = ClaimToken::random();
         let mut live: Vec<(DateTime<Utc>, i16, i64)> = due;
         live.extend(expired);
         live.sort();
@@ -558,6 +562,7 @@ impl Backend for MemoryBackend {
             row.status = JobStatus::InFlight;
             row.attempts += 1;
             row.claim_generation.0 += 1;
+            row.claim_token = token;
             row.claimed_at = Some(now);
             row.claimed_by = request.holder.clone();
             row.lease_expires_at = Some(now + lease);
@@ -565,6 +570,7 @@ impl Backend for MemoryBackend {
             batch.jobs.push(ClaimedJob {
                 id: row.id,
                 generation: row.claim_generation,
+                token,
                 attempts: row.attempts,
                 reclaims: row.reclaims,
                 taken_over,
@@ -627,6 +633,7 @@ impl Backend for MemoryBackend {
         if job.queue != self.queue.as_str()
             || job.status != JobStatus::InFlight
             || job.claim_generation != claim.generation
+            || job.claim_token != claim.token
         {
             return Ok(Heartbeat::Lost);
         }

@@ -20,12 +20,14 @@ impl fmt::Display for JobId {
     }
 }
 
-/// The fence token: how many times a job has been claimed.
+/// How many times a job has been claimed: the readable, monotonic half of the fence.
 ///
 /// Every claim increments it in the same statement that stamps `claimed_at`, so two holders of the
-/// same job always hold different generations. Every write a lease holder makes is a
-/// compare-and-set on `(id, status = in_flight, claim_generation)`: the holder of an older
-/// generation gets [`FinalizeOutcome::Stale`] and writes nothing.
+/// same job on one store always hold different generations. Every write a lease holder makes is a
+/// compare-and-set on `(id, status = in_flight, claim_generation, claim_token)`: the holder of an
+/// older generation gets [`FinalizeOutcome::Stale`] and writes nothing. The [`ClaimToken`] beside
+/// it covers what a number alone cannot: a store that lost committed writes (a PostgreSQL failover
+/// with asynchronous replication) hands the same generation out a second time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ClaimGeneration(pub i64);
@@ -33,6 +35,40 @@ pub struct ClaimGeneration(pub i64);
 impl fmt::Display for ClaimGeneration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+/// The other half of the fence: 64 random bits the claimer draws for each claim and the store
+/// keeps beside the [`ClaimGeneration`] (`claim_token`).
+///
+/// A generation is a counter, so a store that loses committed writes can count to the same
+/// number twice: after a failover with asynchronous replication, the new primary never saw the
+/// claim that gave generation N to worker A and gives generation N to worker B. Their tokens
+/// differ (two independent 64-bit draws), so A's writes, compared on generation *and* token, come
+/// back [`FinalizeOutcome::Stale`]. `0` is never drawn: it marks a row no claim of this
+/// version stamped (never claimed, or claimed by a release from before tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClaimToken(pub i64);
+
+impl ClaimToken {
+    /// A fresh token: 64 bits from [`fastrand`] (seeded from the operating system's randomness
+    /// per thread), never `0`. One claim draws one token for all the jobs it takes; a job's next
+    /// claim, by any worker on any store, draws another.
+    pub fn random() -> ClaimToken {
+        loop {
+            let token = fastrand::i64(..);
+            if token != 0 {
+                return ClaimToken(token);
+            }
+        }
+    }
+}
+
+impl fmt::Display for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Hex: a token is an opaque value, not a count.
+        write!(f, "{:016x}", self.0 as u64)
     }
 }
 
@@ -274,7 +310,7 @@ pub struct Enqueued {
     pub duplicate: bool,
 }
 
-/// The fence token of one claim: the job's id and the generation the claim produced.
+/// The fence of one claim: the job's id, the generation the claim produced and its token.
 ///
 /// Every finalizer takes a `Claim`, never a bare id, so a write that ignores the fence cannot be
 /// written. A `Claim` comes only from a backend's claim (or from a record of one).
@@ -284,6 +320,8 @@ pub struct Claim {
     pub id: JobId,
     /// The generation this claim stamped.
     pub generation: ClaimGeneration,
+    /// The token this claim stamped beside it.
+    pub token: ClaimToken,
 }
 
 /// A job as a claim returned it: the payload together with the fence token.
@@ -291,8 +329,11 @@ pub struct Claim {
 pub struct ClaimedJob {
     /// The job's id.
     pub id: JobId,
-    /// The generation stamped by this claim: the fence token for every later write.
+    /// The generation stamped by this claim: with [`ClaimedJob::token`], the fence for every
+    /// later write.
     pub generation: ClaimGeneration,
+    /// The token stamped by this claim.
+    pub token: ClaimToken,
     /// How many times the job has been claimed, this claim included (releases do not count).
     pub attempts: i32,
     /// How many of those claims took the job over from an expired lease.
@@ -323,6 +364,7 @@ impl ClaimedJob {
         Claim {
             id: self.id,
             generation: self.generation,
+            token: self.token,
         }
     }
 
@@ -525,8 +567,11 @@ pub struct JobRecord {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// When an operator asked to cancel the job while it was in flight, if one did.
     pub cancel_requested_at: Option<DateTime<Utc>>,
-    /// The fence token of the current (or last) claim; 0 if never claimed.
+    /// The generation of the current (or last) claim; 0 if never claimed.
     pub claim_generation: ClaimGeneration,
+    /// The token of the current (or last) claim; 0 if never claimed (or last claimed by a
+    /// release from before tokens).
+    pub claim_token: ClaimToken,
     /// The last handler error, fail reason or cancel reason.
     pub last_error: Option<String>,
     /// The unique key, if any.
@@ -568,6 +613,7 @@ impl JobRecord {
         ClaimedJob {
             id: self.id,
             generation: self.claim_generation,
+            token: self.claim_token,
             attempts: self.attempts,
             reclaims: self.reclaims,
             taken_over: false,
@@ -773,10 +819,21 @@ mod tests {
     }
 
     #[test]
+    fn a_token_is_never_the_unclaimed_mark_and_two_claims_draw_apart() {
+        let tokens: std::collections::HashSet<ClaimToken> =
+            (0..10_000).map(|_| ClaimToken::random()).collect();
+        assert_eq!(tokens.len(), 10_000);
+        assert!(!tokens.contains(&ClaimToken(0)));
+        assert_eq!(ClaimToken(-1).to_string(), "ffffffffffffffff");
+        assert_eq!(ClaimToken(10).to_string(), "000000000000000a");
+    }
+
+    #[test]
     fn handler_errors_exclude_lease_takeovers() {
         let job = ClaimedJob {
             id: JobId(1),
             generation: ClaimGeneration(6),
+            token: ClaimToken(7),
             attempts: 6,
             reclaims: 2,
             taken_over: false,

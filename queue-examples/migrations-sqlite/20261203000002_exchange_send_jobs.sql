@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs" (
     lease_expires_at    REAL,
     cancel_requested_at REAL,
     claim_generation    INTEGER NOT NULL DEFAULT 0,
+    claim_token         INTEGER NOT NULL DEFAULT 0,
     last_error          TEXT,
     unique_key          TEXT,
     created_at          REAL    NOT NULL DEFAULT (unixepoch('subsec')),

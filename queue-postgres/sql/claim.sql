@@ -1,7 +1,8 @@
 -- The claim: recovery folded in, by the database's clock only.
 --
 -- Parameters: $1 queue; $2 batch size; $3 lease in seconds; $4 reclaim cap; $5 the claimer's
--- name (claimed_by; NULL for none).
+-- name (claimed_by; NULL for none); $6 the claim's token (queue_core::ClaimToken, 64 random bits
+-- the claimer drew for this claim).
 --
 -- Takes due pending jobs, and in-flight jobs whose lease expired, in next_attempt_at then
 -- priority order. A job's lease is its own, stored with its claim (lease_expires_at, and
@@ -13,7 +14,9 @@
 -- PostgreSQL refuses FOR UPDATE under UNION, hence two materialized CTEs merged afterwards.
 --
 -- Every claimed row gets status in_flight, attempts + 1, claimed_at = now(), lease_expires_at =
--- now() + $3, and claim_generation + 1 (the fence token) with lease_generation equal to it. A
+-- now() + $3, claim_generation + 1 with lease_generation equal to it, and claim_token = $6: the
+-- fence every later write compares, the token because a primary that lost this claim in a
+-- failover would count to the same generation again (migration 20261204000001). A
 -- takeover also counts a reclaim, and one past the reclaim cap comes back flagged
 -- over_reclaim_cap (its holder ends it dead through finalize.sql, with the hooks); a job whose
 -- cancel an operator requested comes back flagged cancel_requested (its holder ends it
@@ -59,15 +62,16 @@ claimed AS (
         lease_expires_at = now() + make_interval(secs => $3),
         lease_generation = j.claim_generation + 1,
         claim_generation = j.claim_generation + 1,
+        claim_token = $6,
         updated_at = now()
     FROM picked AS p
     WHERE j.id = p.id
-    RETURNING j.id, j.claim_generation, j.attempts, j.reclaims, j.claimed_at, j.priority,
+    RETURNING j.id, j.claim_generation, j.claim_token, j.attempts, j.reclaims, j.claimed_at, j.priority,
               j.payload, j.next_attempt_at, p.expired AS taken_over,
               (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,
               j.cancel_requested_at IS NOT NULL AS cancel_requested
 )
-SELECT id, claim_generation, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
+SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
        payload, taken_over, over_reclaim_cap, cancel_requested
 FROM claimed
 ORDER BY next_attempt_at, priority, id

@@ -1,10 +1,10 @@
 -- The heartbeat: the job is held for the lease ($3 seconds) more from the database's now(), and
 -- claimed_at is restamped; fenced like a finalize.
 --
--- Parameters: $1 id; $2 generation; $3 lease in seconds. A row back: still held, and whether an
+-- Parameters: $1 id; $2 generation; $3 lease in seconds; $4 token. A row back: still held, and whether an
 -- operator asked to cancel the job; no row: the lease was lost.
 UPDATE "{{table}}"
 SET claimed_at = now(), lease_expires_at = now() + make_interval(secs => $3),
     lease_generation = claim_generation, updated_at = now()
-WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2
+WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2 AND claim_token = $4
 RETURNING cancel_requested_at IS NOT NULL AS cancel_requested

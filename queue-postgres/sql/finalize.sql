@@ -1,6 +1,7 @@
 -- Every lease-holder write but the heartbeat, for one job or many.
 --
--- Parameters, one array element per write: $1 ids; $2 generations; $3 the status to write;
+-- Parameters, one array element per write: $1 ids; $2 generations; $10 tokens; $3 the status
+-- to write;
 -- $4 whether to give the claim's attempt back (a release); $5 retry instants and $6 retry delays
 -- in seconds (both NULL: next_attempt_at stays); $7 errors (NULL: last_error stays); $8 whether
 -- the status is terminal (stamps finished_at); $9 the outcome's name (queue_core::Finalize::kind).
@@ -12,8 +13,10 @@
 -- first {{history_chars}} characters of each text. A history that is not an array (edited by
 -- hand) starts again from empty rather than failing the write.
 --
--- Guarantees: each row is a compare-and-set on (id, status = 'in_flight', claim_generation);
--- the rows returned are the writes that applied, the rest were refused by the fence (Stale).
+-- Guarantees: each row is a compare-and-set on (id, status = 'in_flight', claim_generation,
+-- claim_token); the rows returned are the writes that applied, the rest were refused by the
+-- fence (Stale). The token ($10, last so the others keep their numbers) refuses a holder whose
+-- generation a new primary handed out again after losing its claim.
 UPDATE "{{table}}" AS j
 SET status = u.status,
     attempts = j.attempts - CASE WHEN u.give_back THEN 1 ELSE 0 END,
@@ -33,7 +36,9 @@ SET status = u.status,
     updated_at = now(),
     finished_at = CASE WHEN u.terminal THEN now() END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[],
-            $6::float8[], $7::text[], $8::bool[], $9::text[])
-     AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal, kind)
+            $6::float8[], $7::text[], $8::bool[], $9::text[], $10::bigint[])
+     AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal, kind,
+          claim_token)
 WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
+  AND j.claim_token = u.claim_token
 RETURNING j.id, u.claim_generation

@@ -15,6 +15,7 @@
 ALTER TABLE "{{table}}"
     ADD COLUMN IF NOT EXISTS claimed_at          timestamptz,
     ADD COLUMN IF NOT EXISTS claim_generation    bigint      NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS claim_token         bigint      NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS reclaims            integer     NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS queue               text        NOT NULL DEFAULT '{{queue}}',
     ADD COLUMN IF NOT EXISTS payload             jsonb       NOT NULL DEFAULT '{}',

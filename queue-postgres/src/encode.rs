@@ -42,6 +42,7 @@ impl EnqueueColumns {
 pub(crate) struct FinalizeColumns<'a> {
     pub ids: Vec<i64>,
     pub generations: Vec<i64>,
+    pub tokens: Vec<i64>,
     /// The status the write leaves the job in.
     pub statuses: Vec<&'static str>,
     /// Whether the claim's attempt is given back (a release: the job did not run).
@@ -77,6 +78,7 @@ impl<'a> FinalizeColumns<'a> {
             let status = action.target_status();
             columns.ids.push(claim.id.0);
             columns.generations.push(claim.generation.0);
+            columns.tokens.push(claim.token.0);
             columns.statuses.push(status.as_str());
             columns.give_backs.push(matches!(action, Finalize::Release));
             columns.run_ats.push(at);
@@ -121,13 +123,14 @@ pub(crate) fn parse_status(id: i64, status: String) -> Result<JobStatus, PgError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use queue_core::{ClaimGeneration, JobId};
+    use queue_core::{ClaimGeneration, ClaimToken, JobId};
 
     #[test]
     fn each_outcome_writes_its_status_and_only_what_it_owns() {
         let claim = Claim {
             id: JobId(1),
             generation: ClaimGeneration(2),
+            token: ClaimToken(3),
         };
         let items = [
             (claim, Finalize::Complete),

@@ -62,7 +62,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 3] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 4] = [
     (
         20261130000001,
         "queue jobs",
@@ -87,6 +87,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 3] = [
             text: include_str!("../migrations/20261202000001_holder_errors_and_queue_controls.sql"),
         },
     ),
+    (
+        20261204000001,
+        "claim token",
+        Template {
+            name: "20261204000001_claim_token.sql",
+            text: include_str!("../migrations/20261204000001_claim_token.sql"),
+        },
+    ),
 ];
 
 /// The names of a queue table's columns.
@@ -104,6 +112,7 @@ pub(crate) mod col {
     pub(crate) const LEASE_GENERATION: &str = "lease_generation";
     pub(crate) const CANCEL_REQUESTED_AT: &str = "cancel_requested_at";
     pub(crate) const CLAIM_GENERATION: &str = "claim_generation";
+    pub(crate) const CLAIM_TOKEN: &str = "claim_token";
     pub(crate) const LAST_ERROR: &str = "last_error";
     pub(crate) const UNIQUE_KEY: &str = "unique_key";
     pub(crate) const CREATED_AT: &str = "created_at";
@@ -116,7 +125,7 @@ pub(crate) mod col {
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 20] = [
+pub(crate) const COLUMNS: [(&str, &str); 21] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -130,6 +139,7 @@ pub(crate) const COLUMNS: [(&str, &str); 20] = [
     (col::LEASE_GENERATION, "bigint"),
     (col::CANCEL_REQUESTED_AT, "timestamp with time zone"),
     (col::CLAIM_GENERATION, "bigint"),
+    (col::CLAIM_TOKEN, "bigint"),
     (col::LAST_ERROR, "text"),
     (col::UNIQUE_KEY, "text"),
     (col::CREATED_AT, "timestamp with time zone"),
@@ -307,6 +317,7 @@ mod tests {
             "ORDER BY lease_expires_at NULLS FIRST",
             "FOR UPDATE SKIP LOCKED",
             "claim_generation = j.claim_generation + 1",
+            "claim_token = $6,",
             "attempts = j.attempts + 1",
             "claimed_at = now()",
             "due AS MATERIALIZED",
@@ -323,14 +334,13 @@ mod tests {
     }
 
     #[test]
-    fn every_lease_holder_write_is_fenced_on_status_and_generation() {
+    fn every_lease_holder_write_is_fenced_on_status_generation_and_token() {
         assert!(squash(&queue_jobs(FINALIZE)).contains(
-            "WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation"
+            "WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation AND j.claim_token = u.claim_token"
         ));
-        assert!(
-            squash(&queue_jobs(EXTEND_LEASE))
-                .contains("WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2")
-        );
+        assert!(squash(&queue_jobs(EXTEND_LEASE)).contains(
+            "WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2 AND claim_token = $4"
+        ));
         assert!(
             squash(&queue_jobs(EXTEND_LEASE))
                 .contains("lease_expires_at = now() + make_interval(secs => $3)")

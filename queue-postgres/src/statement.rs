@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use queue_core::{
-    CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimedJob, Enqueued, ErrorEntry,
-    Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord, JobStatus,
-    Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
-    RetryTarget,
+    CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, Enqueued,
+    ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord,
+    JobStatus, Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName,
+    QueueStats, RetryTarget,
 };
 use serde_json::Value;
 
@@ -71,6 +71,7 @@ pub(crate) async fn claim<D: Driver>(
         request.lease.as_secs_f64(),
         i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
         request.holder.as_deref(),
+        ClaimToken::random().0,
     );
     let rows = D::query(conn, &sql.claim, &params).await?;
     rows.iter().map(claimed_job::<D>).collect()
@@ -97,6 +98,7 @@ pub(crate) async fn finalize<D: Driver>(
         &c.errors,
         &c.terminals,
         &c.kinds,
+        &c.tokens,
     );
     let applied = D::query(conn, &sql.finalize, &params)
         .await?
@@ -118,7 +120,12 @@ pub(crate) async fn extend_lease<D: Driver>(
     claim: Claim,
     lease: Lease,
 ) -> Result<Heartbeat, PgError> {
-    let params = (claim.id.0, claim.generation.0, lease.as_secs_f64());
+    let params = (
+        claim.id.0,
+        claim.generation.0,
+        lease.as_secs_f64(),
+        claim.token.0,
+    );
     let rows = D::query(conn, &sql.extend_lease, &params).await?;
     Ok(match rows.first() {
         None => Heartbeat::Lost,
@@ -300,6 +307,7 @@ fn claimed_job<D: Driver>(row: &D::Row) -> Result<ClaimedJob, PgError> {
     Ok(ClaimedJob {
         id: JobId(get::<D, _>(row, "id")?),
         generation: ClaimGeneration(get::<D, _>(row, "claim_generation")?),
+        token: ClaimToken(get::<D, _>(row, "claim_token")?),
         attempts: get::<D, _>(row, "attempts")?,
         reclaims: get::<D, _>(row, "reclaims")?,
         taken_over: get::<D, _>(row, "taken_over")?,
@@ -516,6 +524,7 @@ fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
         lease_expires_at: get::<D, _>(row, col::LEASE_EXPIRES_AT)?,
         cancel_requested_at: get::<D, _>(row, col::CANCEL_REQUESTED_AT)?,
         claim_generation: ClaimGeneration(get::<D, _>(row, col::CLAIM_GENERATION)?),
+        claim_token: ClaimToken(get::<D, _>(row, col::CLAIM_TOKEN)?),
         last_error: get::<D, _>(row, col::LAST_ERROR)?,
         unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,
         claimed_by: get::<D, _>(row, col::CLAIMED_BY)?,

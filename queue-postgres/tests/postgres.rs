@@ -443,6 +443,7 @@ async fn explain_claim(db: &TestDb) -> Value {
         .bind(90.0_f64)
         .bind(5_i32)
         .bind("explain")
+        .bind(42_i64)
         .fetch_one(&db.pool)
         .await
         .unwrap();

@@ -4,8 +4,10 @@
 --
 -- Instants are REAL seconds since the Unix epoch, from SQLite's clock (unixepoch('subsec')),
 -- never the worker's. The payload and the error history are JSON text, checked. AUTOINCREMENT:
--- an id is never reused, so a fence token (id, generation) of a purged job can never match a new
--- one, and keyset pages never meet a recycled id. STRICT: a value of the wrong type (an instant
+-- an id is never reused, so a fence (id, generation, token) of a purged job can never match a
+-- new one, and keyset pages never meet a recycled id. claim_token is the 64 random bits the
+-- claimer drew for the current claim (queue_core::ClaimToken), compared beside the generation
+-- by every lease-holder write; 0 until a claim stamps one. STRICT: a value of the wrong type (an instant
 -- written as text by hand) is refused at the write, not found out by a claim that never picks it.
 -- The schema check refuses a table without AUTOINCREMENT or STRICT.
 
@@ -23,6 +25,7 @@ CREATE TABLE IF NOT EXISTS "{{table}}" (
     lease_expires_at    REAL,
     cancel_requested_at REAL,
     claim_generation    INTEGER NOT NULL DEFAULT 0,
+    claim_token         INTEGER NOT NULL DEFAULT 0,
     last_error          TEXT,
     unique_key          TEXT,
     created_at          REAL    NOT NULL DEFAULT (unixepoch('subsec')),

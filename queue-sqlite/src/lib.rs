@@ -30,7 +30,8 @@
 //!   and the lease stored with the claim. SQLite has one writer at a time, so two claims never
 //!   pick the same job.
 //! * **Fenced writes**: every lease-holder write is a compare-and-set on `(id, status =
-//!   'in_flight', claim_generation)`; hooks run in the same transaction, after `Applied` only.
+//!   'in_flight', claim_generation,
+//!   claim_token)`; hooks run in the same transaction, after `Applied` only.
 //! * **One clock**: every instant is SQLite's `unixepoch('subsec')`, never the worker's.
 //! * **The admin API** ([`queue_core::Admin`]): listing, retry, purge, pause, drain.
 //! * **Bad files** are refused at [`open_pool`] with a typed [`SqliteError::Open`]: a missing

@@ -14,9 +14,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use queue_core::{
     Backend, BackendTx, CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration,
-    ClaimRequest, ClaimedJob, Enqueued, ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts,
-    Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease, MinuteCounts, NewJob,
-    PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats, RetryTarget, RunAt,
+    ClaimRequest, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize, FinalizeOutcome,
+    FinishedCounts, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease,
+    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
+    RetryTarget, RunAt,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -293,13 +294,15 @@ impl Sql {
                 "UPDATE {t} SET status = 'in_flight', attempts = attempts + 1,
                         reclaims = reclaims + (id IN (SELECT value FROM json_each(?2))),
                         claimed_at = {now}, claimed_by = ?3, lease_expires_at = {now} + ?4,
-                        claim_generation = claim_generation + 1, updated_at = {now}
+                        claim_generation = claim_generation + 1, claim_token = ?5,
+                        updated_at = {now}
                  WHERE id IN (SELECT value FROM json_each(?1))
-                 RETURNING id, claim_generation, attempts, reclaims, claimed_at, next_attempt_at,
+                 RETURNING id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at,
                            priority, payload"
             ),
             fence_read: format!(
-                "SELECT attempts, claim_generation, claimed_by, errors, status, {now} AS now
+                "SELECT attempts, claim_generation, claim_token, claimed_by, errors, status,
+                        {now} AS now
                  FROM {t} WHERE id = ?1"
             ),
             finalize: format!(
@@ -310,11 +313,13 @@ impl Sql {
                         last_error = coalesce(?7, last_error), errors = coalesce(?8, errors),
                         lease_expires_at = NULL, updated_at = {now},
                         finished_at = CASE WHEN ?9 THEN {now} END
-                 WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2"
+                 WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2
+                   AND claim_token = ?10"
             ),
             extend: format!(
                 "UPDATE {t} SET claimed_at = {now}, lease_expires_at = {now} + ?3, updated_at = {now}
                  WHERE id = ?1 AND status = 'in_flight' AND claim_generation = ?2
+                   AND claim_token = ?4
                  RETURNING cancel_requested_at IS NOT NULL AS cancel_requested"
             ),
             get: format!("SELECT {cols} FROM {t} WHERE id = ?1 AND queue = ?2"),
@@ -505,6 +510,7 @@ fn record(row: &SqliteRow) -> Result<JobRecord, SqliteError> {
         lease_expires_at: optional_instant(id, of("lease_expires_at")?)?,
         cancel_requested_at: optional_instant(id, of("cancel_requested_at")?)?,
         claim_generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
+        claim_token: ClaimToken(row.try_get("claim_token").map_err(db)?),
         last_error: row.try_get("last_error").map_err(db)?,
         unique_key: row.try_get("unique_key").map_err(db)?,
         created_at: instant(id, f("created_at")?)?,
@@ -804,6 +810,7 @@ impl SqliteQueue {
             .bind(json(&expired))
             .bind(request.holder.as_deref())
             .bind(request.lease.as_secs_f64())
+            .bind(ClaimToken::random().0)
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
@@ -823,6 +830,7 @@ impl SqliteQueue {
             jobs.push(ClaimedJob {
                 id: JobId(id),
                 generation: ClaimGeneration(row.try_get("claim_generation").map_err(db)?),
+                token: ClaimToken(row.try_get("claim_token").map_err(db)?),
                 attempts: narrow(id, "attempts", row.try_get("attempts").map_err(db)?)?,
                 reclaims: narrow(id, "reclaims", row.try_get("reclaims").map_err(db)?)?,
                 taken_over,
@@ -878,6 +886,7 @@ impl SqliteQueue {
             .bind(action.error_text())
             .bind(errors)
             .bind(target.is_terminal())
+            .bind(claim.token.0)
             .execute(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
@@ -905,7 +914,11 @@ impl SqliteQueue {
         let db = SqliteError::Database;
         let status: String = row.try_get("status").map_err(db)?;
         let generation: i64 = row.try_get("claim_generation").map_err(db)?;
-        if status != JobStatus::InFlight.as_str() || generation != claim.generation.0 {
+        let token: i64 = row.try_get("claim_token").map_err(db)?;
+        if status != JobStatus::InFlight.as_str()
+            || generation != claim.generation.0
+            || token != claim.token.0
+        {
             return Ok(None);
         }
         let attempts: i64 = row.try_get("attempts").map_err(db)?;
@@ -1023,6 +1036,7 @@ impl Backend for SqliteQueue {
             .bind(claim.id.0)
             .bind(claim.generation.0)
             .bind(lease.as_secs_f64())
+            .bind(claim.token.0)
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;

@@ -159,7 +159,7 @@ pub async fn run_migrator(migrator: &Migrator, pool: &SqlitePool) -> Result<(), 
 
 /// The columns of a queue table and their declared types: what `get` selects and the schema
 /// check requires.
-pub(crate) const COLUMNS: [(&str, &str); 19] = [
+pub(crate) const COLUMNS: [(&str, &str); 20] = [
     ("id", "INTEGER"),
     ("queue", "TEXT"),
     ("status", "TEXT"),
@@ -172,6 +172,7 @@ pub(crate) const COLUMNS: [(&str, &str); 19] = [
     ("lease_expires_at", "REAL"),
     ("cancel_requested_at", "REAL"),
     ("claim_generation", "INTEGER"),
+    ("claim_token", "INTEGER"),
     ("last_error", "TEXT"),
     ("unique_key", "TEXT"),
     ("created_at", "REAL"),

@@ -12,12 +12,90 @@ use serde_json::json;
 use crate::error::{Error, InvalidInput};
 use crate::limits;
 use crate::types::{
-    CancelOutcome, Claim, ClaimGeneration, ClaimedJob, Finalize, FinalizeOutcome, Heartbeat, JobId,
-    JobStatus, NewJob, RunAt,
+    CancelOutcome, Claim, ClaimGeneration, ClaimToken, ClaimedJob, Finalize, FinalizeOutcome,
+    Heartbeat, JobId, JobStatus, NewJob, RunAt,
 };
 
 cases! {
     $ __conformance_fence;
+
+    /// The failover case: a store that lost committed writes hands the same generation out a
+    /// second time. A holder with the right generation but a token this claim did not draw is
+    /// fenced on every write (finalize, batched finalize, heartbeat); the true holder's writes
+    /// apply. Every claim stores its token, and a takeover draws a new one.
+    pub async fn a_reissued_generation_with_another_token_is_fenced<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = enqueue(b, 1).await;
+        let job = claim(b, 1).await.jobs.remove(0);
+        assert_ne!(job.token, ClaimToken(0), "a claim draws a token");
+        let rec = record(b, id).await;
+        assert_eq!(rec.claim_token, job.token);
+        assert_eq!(rec.claim_generation, job.generation);
+
+        // What the old primary's holder carries after the new primary reissued its generation.
+        let ghost = Claim {
+            token: ClaimToken(job.token.0.wrapping_add(1)),
+            ..job.claim()
+        };
+        assert_eq!(ghost.generation, job.generation);
+        for action in [
+            Finalize::Complete,
+            Finalize::Fail { error: "ghost".into() },
+            Finalize::Retry { at: RunAt::Now, error: "ghost".into() },
+            Finalize::Release,
+        ] {
+            assert_eq!(
+                b.finalize(ghost, &action).await.unwrap(),
+                FinalizeOutcome::Stale,
+                "{action:?} under a token the claim did not draw"
+            );
+        }
+        assert_eq!(
+            b.extend_lease(ghost, lease()).await.unwrap(),
+            Heartbeat::Lost
+        );
+        let rec = record(b, id).await;
+        assert_eq!(rec.status, JobStatus::InFlight);
+        assert_eq!(rec.attempts, 1, "the ghost's release gave no attempt back");
+        assert_eq!(rec.last_error, None);
+
+        // In one batch with the true holder: only the true holder's write applies.
+        let other = enqueue(b, 2).await;
+        let other_job = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(other_job.id, other);
+        let ghost_of_other = Claim {
+            token: ClaimToken(other_job.token.0 ^ 0x5a5a),
+            ..other_job.claim()
+        };
+        assert_eq!(
+            b.finalize_many(&[
+                (ghost_of_other, Finalize::Complete),
+                (job.claim(), Finalize::Complete),
+            ])
+            .await
+            .unwrap(),
+            [FinalizeOutcome::Stale, FinalizeOutcome::Applied]
+        );
+        assert_eq!(record(b, id).await.status, JobStatus::Completed);
+        assert_eq!(record(b, other).await.status, JobStatus::InFlight);
+
+        // A takeover draws a new token, so the old holder is fenced by both halves.
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        let again = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(again.id, other);
+        assert_ne!(again.token, other_job.token);
+        assert_eq!(record(b, other).await.claim_token, again.token);
+        assert_eq!(
+            b.extend_lease(again.claim(), lease()).await.unwrap(),
+            Heartbeat::Held
+        );
+        assert!(
+            b.finalize(again.claim(), &Finalize::Complete)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+    }
 
     /// The old holder's complete is fenced; the job stays in flight under the new generation,
     /// whose complete then applies.

@@ -305,12 +305,13 @@ pub(super) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{ClaimGeneration, JobId};
+    use crate::types::{ClaimGeneration, ClaimToken, JobId};
 
     fn job(attempts: i32, reclaims: i32) -> ClaimedJob {
         ClaimedJob {
             id: JobId(1),
             generation: ClaimGeneration(attempts as i64),
+            token: ClaimToken(1),
             attempts,
             reclaims,
             taken_over: false,
