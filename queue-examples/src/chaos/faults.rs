@@ -99,6 +99,8 @@ pub(crate) struct AtPartner {
     pause: Duration,
     /// Strikes still under way (a pause not yet ended, a kill not yet sent).
     pending: Arc<AtomicUsize>,
+    /// The senders killed so far: a POST a dead sender left at the partner costs no strike.
+    killed: std::sync::Mutex<std::collections::HashSet<u32>>,
 }
 
 impl AtPartner {
@@ -111,6 +113,7 @@ impl AtPartner {
             kill: true,
             pause: Duration::ZERO,
             pending: Arc::default(),
+            killed: Default::default(),
         }
     }
 
@@ -123,6 +126,7 @@ impl AtPartner {
             kill: false,
             pause: lease,
             pending: Arc::default(),
+            killed: Default::default(),
         }
     }
 
@@ -135,15 +139,22 @@ impl AtPartner {
         }
     }
 
-    /// Whether to strike this time: by chance, while the budget lasts.
-    fn draw(&self) -> bool {
-        fastrand::f64() < self.chance
+    /// Whether to strike `pid` this time: by chance, while the budget lasts, and never a sender
+    /// already killed.
+    fn draw(&self, pid: u32) -> bool {
+        let mut killed = self.killed.lock().unwrap_or_else(|e| e.into_inner());
+        let strike = !(self.kill && killed.contains(&pid))
+            && fastrand::f64() < self.chance
             && self
                 .budget
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
                     left.checked_sub(1)
                 })
-                .is_ok()
+                .is_ok();
+        if strike && self.kill {
+            killed.insert(pid);
+        }
+        strike
     }
 }
 
@@ -153,12 +164,12 @@ impl PostObserver for AtPartner {
             return Box::pin(std::future::ready(()));
         };
         if self.kill {
-            if fastrand::bool() && self.draw() {
+            if fastrand::bool() && self.draw(pid) {
                 let start = Instant::now();
                 fleet::send(pid, Signal::SIGKILL);
                 self.log.push(FaultKind::KillDuringSend, Some(pid), start);
             }
-        } else if self.draw() {
+        } else if self.draw(pid) {
             let start = Instant::now();
             fleet::send(pid, Signal::SIGSTOP);
             let (log, pause, pending) = (self.log.clone(), self.pause, self.pending.clone());
@@ -178,7 +189,7 @@ impl PostObserver for AtPartner {
             return;
         }
         if let Some(pid) = fleet::sender_pid(post.agent.as_deref())
-            && self.draw()
+            && self.draw(pid)
         {
             let (log, pending) = (self.log.clone(), self.pending.clone());
             pending.fetch_add(1, Ordering::SeqCst);

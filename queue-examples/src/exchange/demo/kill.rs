@@ -46,13 +46,14 @@ pub struct KillConfig {
 }
 
 impl KillConfig {
-    /// Kills `kills` workers of `program args`, with a 4 s lease and a 1 s send timeout (the
-    /// exchange's lease rule, 2 × the timeout and a margin, with the margin a local database
-    /// needs): a killed worker's job comes back within seconds.
+    /// Kills `kills` workers of `program args`, with an 8 s lease and a 1 s send timeout (the
+    /// exchange's lease rule, 2 × the timeout and a margin: 6 s, so that a loaded machine's
+    /// stalls do not lapse a live worker's lease): a killed worker's job comes back within
+    /// seconds.
     pub fn new(program: PathBuf, args: Vec<String>, kills: usize) -> KillConfig {
         KillConfig {
             kills,
-            lease: Duration::from_secs(4),
+            lease: Duration::from_secs(8),
             send_timeout: Duration::from_secs(1),
             program,
             args,
