@@ -61,6 +61,12 @@ pub const HEARTBEAT_FAILED: &str = "queue.heartbeat_failed";
 pub const LISTENER_CONNECTED: &str = "queue.listener_connected";
 /// A `LISTEN` connection was lost; workers poll until it is back (warn).
 pub const LISTENER_LOST: &str = "queue.listener_lost";
+/// A pool that follows the primary of several hosts moved its new connections to another host:
+/// a failover (info; fields `from`, `to`).
+pub const PRIMARY_CHANGED: &str = "queue.primary_changed";
+/// No host of a pool's URL takes writes: a failover is under way or the cluster is down
+/// (warn, once per outage; field `last`).
+pub const PRIMARY_MISSING: &str = "queue.primary_missing";
 /// Graceful shutdown finished (info).
 pub const WORKER_STOPPED: &str = "queue.worker_stopped";
 /// An operator reopened a dead, failed or cancelled job (info).

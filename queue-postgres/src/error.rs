@@ -72,6 +72,22 @@ pub enum PgError {
     #[error(transparent)]
     Config(#[from] queue_core::ConfigError),
 
+    /// A database URL that cannot serve a queue (printed without its credentials).
+    #[error("the database URL {url} cannot be used: {reason}")]
+    InvalidUrl {
+        /// The URL, redacted.
+        url: String,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// None of a URL's hosts took writes within the pool's acquire timeout: no primary is up.
+    #[error("no host of {url} takes writes (no primary is up)")]
+    NoPrimary {
+        /// The URL, redacted.
+        url: String,
+    },
+
     /// A setting of the legacy upgrade is outside its range.
     #[error("{what} must be {range}")]
     Setting {
@@ -148,11 +164,13 @@ impl PgError {
     }
 
     /// True when trying again later can succeed: the connection dropped, the pool timed out,
-    /// the server is shutting down or restarting, a serialization failure or deadlock.
+    /// the server is shutting down or restarting, is a standby now (a write refused as read-only:
+    /// a failover demoted it), a serialization failure or deadlock.
     pub fn is_transient(&self) -> bool {
         match self {
             #[cfg(feature = "sqlx")]
             PgError::Database(err) => sqlx_is_transient(err),
+            PgError::NoPrimary { .. } => true,
             #[cfg(feature = "tokio-postgres")]
             PgError::TokioPostgres(err) => tokio_postgres_is_transient(err),
             #[cfg(feature = "tokio-postgres")]
@@ -170,7 +188,7 @@ impl PgError {
 pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
     code.starts_with("08") // connection exception
         || code.starts_with("57P") // admin/crash shutdown, cannot connect now
-        || matches!(code, "40001" | "40P01" | "53300" | "55P03")
+        || matches!(code, "25006" | "40001" | "40P01" | "53300" | "55P03")
 }
 
 #[cfg(feature = "sqlx")]

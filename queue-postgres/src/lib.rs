@@ -110,7 +110,7 @@ pub use upgrade::{
 pub const LISTENER_APPLICATION_NAME: &str = "queue-listener";
 
 #[cfg(feature = "sqlx")]
-pub use sqlx_driver::{MIGRATOR, PgQueue, PgTx, Sqlx, migrate};
+pub use sqlx_driver::{MIGRATOR, PgQueue, PgTx, PrimaryPool, Sqlx, migrate};
 #[cfg(feature = "tokio-postgres")]
 #[allow(deprecated)]
 pub use tokio_postgres_driver::{

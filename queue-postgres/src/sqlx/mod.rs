@@ -3,8 +3,10 @@
 
 mod listener;
 mod migrate;
+mod primary;
 
 pub use migrate::{MIGRATOR, migrate};
+pub use primary::PrimaryPool;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};

@@ -73,29 +73,7 @@ pub struct TempCluster {
 impl TempCluster {
     /// Creates and starts a cluster (a few seconds).
     pub fn start() -> Result<TempCluster, ClusterError> {
-        let bin = server_binaries().ok_or(ClusterError::NoBinaries)?;
-        let as_postgres = running_as_root();
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "queue-cluster-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        ));
-        // A directory left by a crashed run of a process with the same id is not ours to keep.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let port = free_port()?;
-        let cluster = TempCluster {
-            bin,
-            dir,
-            port,
-            as_postgres,
-        };
-        if as_postgres {
-            run(Command::new("chown")
-                .arg("postgres:postgres")
-                .arg(&cluster.dir))?;
-        }
+        let cluster = TempCluster::empty()?;
         let data = cluster.data_dir();
         run(cluster.tool("initdb").arg("-D").arg(&data).args([
             "-U",
@@ -107,6 +85,70 @@ impl TempCluster {
         ]))?;
         cluster.restart()?;
         Ok(cluster)
+    }
+
+    /// A streaming standby of this cluster (`pg_basebackup -R`: asynchronous replication),
+    /// started on a port of its own; it follows this cluster until it is promoted
+    /// ([`TempCluster::promote`]) or detached ([`TempCluster::detach`]).
+    pub fn standby(&self) -> Result<TempCluster, ClusterError> {
+        let standby = TempCluster::empty()?;
+        run(standby
+            .tool("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .arg("-D")
+            .arg(standby.data_dir())
+            .args(["-R", "-X", "stream", "--checkpoint=fast", "--no-sync"]))?;
+        standby.restart()?;
+        Ok(standby)
+    }
+
+    /// Stops this standby's replication (its WAL receiver ends and it receives nothing more
+    /// from its primary), as a network partition would, without stopping either server.
+    pub fn detach(&self) -> Result<(), ClusterError> {
+        self.psql("ALTER SYSTEM SET primary_conninfo = ''")?;
+        self.psql("SELECT pg_reload_conf()")?;
+        Ok(())
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote`, waiting until it takes writes).
+    pub fn promote(&self) -> Result<(), ClusterError> {
+        run(self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["promote", "-w", "-t", "60"]))
+        .map(drop)
+    }
+
+    /// Runs one statement with `psql` on the `postgres` database, returning what it printed.
+    pub fn psql(&self, sql: &str) -> Result<String, ClusterError> {
+        let out = run(self
+            .tool("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args([
+                "-d",
+                "postgres",
+                "-XAtq",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ]))?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
     /// Its port on 127.0.0.1.
@@ -190,6 +232,34 @@ impl TempCluster {
     /// The server's log file.
     pub fn log_file(&self) -> PathBuf {
         self.dir.join("server.log")
+    }
+
+    /// A directory and a port of its own, nothing in them yet.
+    fn empty() -> Result<TempCluster, ClusterError> {
+        let bin = server_binaries().ok_or(ClusterError::NoBinaries)?;
+        let as_postgres = running_as_root();
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "queue-cluster-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        // A directory left by a crashed run of a process with the same id is not ours to keep.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let cluster = TempCluster {
+            bin,
+            dir,
+            port,
+            as_postgres,
+        };
+        if as_postgres {
+            run(Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&cluster.dir))?;
+        }
+        Ok(cluster)
     }
 
     fn data_dir(&self) -> PathBuf {

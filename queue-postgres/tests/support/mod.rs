@@ -49,7 +49,14 @@ pub trait TestDriver: Driver {
         pool: Self::Pool,
         config: PgQueueConfig,
     ) -> impl Future<Output = Result<PostgresQueue<Self>, PgError>> + Send;
+    /// A pool on whichever host of the multi-host `url` takes writes, kept on the primary
+    /// across a failover (sqlx: [`queue_postgres::PrimaryPool`], whose follower lives as long
+    /// as the guard; tokio-postgres picks the host itself at every connect).
+    fn primary_pool(url: &str, size: usize) -> impl Future<Output = (Self::Pool, Guard)> + Send;
 }
+
+/// Keeps what a pool needs alive beside it.
+pub type Guard = Box<dyn std::any::Any + Send + Sync>;
 
 impl TestDriver for queue_postgres::Sqlx {
     fn pool(url: &str, size: usize) -> PgPool {
@@ -70,6 +77,16 @@ impl TestDriver for queue_postgres::Sqlx {
         config: PgQueueConfig,
     ) -> Result<PostgresQueue<Self>, PgError> {
         PostgresQueue::<Self>::connect(pool, config).await
+    }
+
+    async fn primary_pool(url: &str, size: usize) -> (PgPool, Guard) {
+        let options = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size as u32)
+            .acquire_timeout(Duration::from_secs(10));
+        let primary = queue_postgres::PrimaryPool::connect(url, options)
+            .await
+            .expect("a primary among the URL's hosts");
+        (primary.pool().clone(), Box::new(primary))
     }
 }
 
@@ -93,6 +110,10 @@ impl TestDriver for queue_postgres::TokioPostgres {
     ) -> Result<PostgresQueue<Self>, PgError> {
         let pg_config = url.parse().expect("a postgres:// URL");
         PostgresQueue::<Self>::connect(pool, config, pg_config).await
+    }
+
+    async fn primary_pool(url: &str, size: usize) -> (deadpool_postgres::Pool, Guard) {
+        (Self::pool(url, size), Box::new(()))
     }
 }
 
