@@ -34,6 +34,20 @@ pub enum ClusterError {
         /// What it printed on stderr.
         stderr: String,
     },
+    /// `pg_autoctl` is not installed.
+    #[error("no pg_autoctl found: install pg_auto_failover (Debian: postgresql-15-auto-failover)")]
+    NoAutoFailover,
+    /// A high-availability cluster has no primary (by its monitor).
+    #[error("the cluster's monitor names no primary")]
+    NoPrimary,
+    /// A high-availability cluster did not reach a state in time.
+    #[error("timed out waiting for {waiting_for}; the cluster's logs are in {logs}")]
+    Timeout {
+        /// The condition, as SQL on the monitor.
+        waiting_for: String,
+        /// Where the logs are.
+        logs: String,
+    },
     /// No free port, or the temporary directory could not be made.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -287,7 +301,7 @@ impl Drop for TempCluster {
 
 /// The directory of `initdb` and `pg_ctl`: `QUEUE_TEST_PG_BIN`, `pg_config --bindir`, or the
 /// newest `/usr/lib/postgresql/<version>/bin`.
-fn server_binaries() -> Option<PathBuf> {
+pub(super) fn server_binaries() -> Option<PathBuf> {
     let has_tools = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     if let Some(dir) = std::env::var_os("QUEUE_TEST_PG_BIN").map(PathBuf::from) {
         return has_tools(&dir).then_some(dir);
@@ -310,7 +324,7 @@ fn server_binaries() -> Option<PathBuf> {
     versions.pop()
 }
 
-fn running_as_root() -> bool {
+pub(super) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -318,11 +332,11 @@ fn running_as_root() -> bool {
 }
 
 /// A port nobody listens on now (the server binds it a moment later).
-fn free_port() -> std::io::Result<u16> {
+pub(super) fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
-fn run(command: &mut Command) -> Result<Output, ClusterError> {
+pub(super) fn run(command: &mut Command) -> Result<Output, ClusterError> {
     let name = format!("{command:?}");
     let output = command.output().map_err(|source| ClusterError::Spawn {
         command: name.clone(),

@@ -12,8 +12,10 @@
 //! # }
 //! ```
 
+mod auto_failover;
 mod cluster;
 
+pub use auto_failover::AutoFailoverCluster;
 pub use cluster::{ClusterError, StopMode, TempCluster};
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
