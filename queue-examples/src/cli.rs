@@ -16,9 +16,14 @@ use crate::exchange::{HttpPartner, PartnerConfigError, PartnerEndpoint};
     about = "The exchange's long-running send worker."
 )]
 pub struct WorkerArgs {
-    /// The database (default: `DATABASE_URL`).
+    /// The database (default: `DATABASE_URL`). Several hosts, `postgres://u@h1:5432,h2:5432/db`,
+    /// reach a high-availability cluster: the worker writes to whichever takes writes, and
+    /// follows it across a failover.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// The PostgreSQL driver.
+    #[arg(long, value_enum, default_value_t = PgDriver::Sqlx)]
+    pub driver: PgDriver,
     /// A partner, `NAME=URL` with an `http://` or `https://` URL (repeatable).
     #[arg(long = "partner", value_name = "NAME=URL")]
     pub partners: Vec<String>,
@@ -61,6 +66,15 @@ pub struct WorkerArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// The PostgreSQL driver of `exchange-worker`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PgDriver {
+    /// sqlx, on a [`queue_postgres::PrimaryPool`].
+    Sqlx,
+    /// tokio-postgres with a deadpool pool (without TLS).
+    TokioPostgres,
+}
+
 impl std::fmt::Debug for WorkerArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Partner and database URLs may carry credentials: partners print without them, the
@@ -78,6 +92,7 @@ impl std::fmt::Debug for WorkerArgs {
             .collect();
         f.debug_struct("WorkerArgs")
             .field("database_url", &self.database_url.as_ref().map(|_| "<set>"))
+            .field("driver", &self.driver)
             .field("partners", &partners)
             .field("partner_cas", &self.partner_cas)
             .field("unresolvable", &self.unresolvable)

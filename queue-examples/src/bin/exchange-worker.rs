@@ -3,7 +3,8 @@
 //! ```text
 //! exchange-worker --partner acme=https://partner.example/transmissions [--partner …]
 //!                 [--partner-ca acme=/etc/exchange/acme-ca.pem] [--unresolvable NAME …]
-//!                 [--database-url URL] [--lease-secs 90] [--concurrency 16]
+//!                 [--database-url URL] [--driver sqlx|tokio-postgres]
+//!                 [--lease-secs 90] [--concurrency 16]
 //!                 [--send-timeout-secs 30] [--max-attempts 5] [--migrate]
 //!                 [--lease-margin-secs 10] [--retry-base-ms 1000] [--poll-ms 1000]
 //!                 [--metrics-addr 127.0.0.1:9464]
@@ -12,6 +13,9 @@
 //! `/healthz` and `/readyz` (not ready while the database does not answer, and from the first
 //! moment of a drain).
 //! `DATABASE_URL` and `EXCHANGE_PARTNERS` (`name=url,name=url`) work as well as the flags.
+//! A URL with several hosts (`postgres://u@h1:5432,h2:5432/db`) reaches a high-availability
+//! cluster: both drivers write only to the host that takes writes and follow it across a
+//! failover (sqlx through `queue_postgres::PrimaryPool`, tokio-postgres by itself).
 //! Start-up refuses a partner URL that can never work (not `http`/`https`, no host, does not
 //! parse) and an unreadable CA file, naming the partner, and a duration flag that is zero or
 //! out of its range, naming the flag (`--help` gives the ranges). Partner URLs are logged
@@ -25,11 +29,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use queue_core::{Lease, Worker};
-use queue_examples::cli::WorkerArgs;
+use queue_core::{Lease, Worker, WorkerHandle};
+use queue_examples::cli::{PgDriver, WorkerArgs};
 use queue_examples::exchange::{
     ExchangeConfig, ExchangeStore, Partners, PgExchange, SendHandler, events, log_configured,
+    send_queue_config,
 };
+use queue_postgres::{PostgresQueue, PrimaryPool, TokioPostgres};
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -39,6 +45,7 @@ async fn main() -> Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
     // From the first moment: a SIGTERM that arrives while the worker connects is kept, and
     // drains it as soon as it runs, instead of killing it.
@@ -82,30 +89,45 @@ async fn main() -> Result<()> {
     };
 
     // A connection per running send and its hook, and one for claims and outcomes.
-    let pool = PgPoolOptions::new()
-        .max_connections((config.concurrency as u32 + 2).clamp(3, 64))
-        .connect(&url)
-        .await
-        .context("connecting to the database")?;
-    let store = if args.migrate {
-        PgExchange::migrate_and_connect(pool).await?
-    } else {
-        PgExchange::connect(pool).await?
-    };
-    let worker = Worker::new(
-        store.queue().clone(),
-        SendHandler::new(store.clone(), partners),
-        worker_config,
-    )?
-    .hooks(store.hooks())
-    .start();
+    let pool_size = (config.concurrency as u32 + 2).clamp(3, 64);
     // Ready once the schema check passed (connect) and the worker runs. The probe has a
     // connection of its own: a pool busy with sends is not a database that does not answer.
-    let probe = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_lazy(&url)
+    // Both follow the primary of a multi-host URL.
+    let probe = PrimaryPool::connect(&url, PgPoolOptions::new().max_connections(1))
+        .await
         .context("the readiness probe's connection")?;
-    let readiness = queue_examples::ops::Readiness::new(probe);
+    let readiness = queue_examples::ops::Readiness::new(probe.pool().clone());
+    if args.migrate {
+        PgExchange::migrate_and_connect(probe.pool().clone()).await?;
+    }
+    let (_primary, worker) = match args.driver {
+        PgDriver::Sqlx => {
+            let primary =
+                PrimaryPool::connect(&url, PgPoolOptions::new().max_connections(pool_size))
+                    .await
+                    .context("connecting to the database")?;
+            let store = PgExchange::connect(primary.pool().clone()).await?;
+            (Some(primary), start(store, partners, worker_config)?)
+        }
+        PgDriver::TokioPostgres => {
+            let pg_config: tokio_postgres::Config =
+                url.parse().context("the database URL (tokio-postgres)")?;
+            let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
+            let pool = deadpool_postgres::Pool::builder(manager)
+                .max_size(pool_size as usize)
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .wait_timeout(Some(Duration::from_secs(30)))
+                .build()
+                .context("the tokio-postgres pool")?;
+            let queue =
+                PostgresQueue::<TokioPostgres>::connect(pool, send_queue_config()?, pg_config)
+                    .await?;
+            (
+                None,
+                start(PgExchange::from_queue(queue), partners, worker_config)?,
+            )
+        }
+    };
     if let (Some(addr), Some(metrics)) = (args.metrics_addr, metrics) {
         queue_examples::ops::serve(addr, metrics, readiness.clone())
             .await
@@ -137,5 +159,21 @@ async fn main() -> Result<()> {
         "{}",
         events::WORKER_STOPPED
     );
+    drop(probe);
     Ok(())
+}
+
+/// The send worker on `store`, started.
+fn start<S: ExchangeStore>(
+    store: S,
+    partners: Partners,
+    config: queue_core::WorkerConfig,
+) -> Result<WorkerHandle> {
+    Ok(Worker::new(
+        store.queue().clone(),
+        SendHandler::new(store.clone(), partners),
+        config,
+    )?
+    .hooks(store.hooks())
+    .start())
 }

@@ -417,8 +417,10 @@ pub(crate) fn explained_by(
         // connections until the lease deadline. A crashed database does, when it was down
         // after the first POST, while its outcome had to be written.
         None => {
-            fault.kind == FaultKind::RestartDatabase
-                && overlaps(fault, (a.arrived, a.arrived + lease))
+            matches!(
+                fault.kind,
+                FaultKind::RestartDatabase | FaultKind::Switchover | FaultKind::PrimaryLost
+            ) && overlaps(fault, (a.arrived, a.arrived + lease))
         }
     })
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use queue_core::CancellationToken;
-use queue_postgres::testing::{StopMode, TempCluster};
+use queue_postgres::testing::StopMode;
 use sqlx::PgPool;
 
 use super::fleet::{self, Fleet};
@@ -35,6 +35,10 @@ pub enum FaultKind {
     RestartDatabase,
     /// The partner answered every POST after three send timeouts.
     PartnerHang,
+    /// A planned switchover of a high-availability formation (`pg_autoctl perform failover`).
+    Switchover,
+    /// The primary's machine lost (keeper and postmaster killed), its standby promoted.
+    PrimaryLost,
 }
 
 impl FaultKind {
@@ -48,6 +52,8 @@ impl FaultKind {
             FaultKind::StopDuringSend => "SIGSTOP past lease during send",
             FaultKind::TerminateConnections => "pg_terminate_backend",
             FaultKind::RestartDatabase => "PostgreSQL crash restart",
+            FaultKind::Switchover => "PostgreSQL switchover",
+            FaultKind::PrimaryLost => "PostgreSQL primary lost",
             FaultKind::PartnerHang => "partner hang",
         }
     }
@@ -210,7 +216,7 @@ impl PostObserver for AtPartner {
 pub(crate) struct Targets<'a> {
     pub(crate) config: &'a ChaosConfig,
     pub(crate) fleet: &'a Mutex<Fleet>,
-    pub(crate) cluster: &'a Arc<TempCluster>,
+    pub(crate) cluster: &'a super::Cluster,
     pub(crate) admin: &'a PgPool,
     pub(crate) database: &'a str,
     pub(crate) partner: &'a PartnerServer,
@@ -239,6 +245,7 @@ pub(crate) async fn inject(
             Scenario::Hang,
         ],
         Scenario::Poison => &[],
+        Scenario::Failover => return failovers(targets, stop).await,
         _ => std::slice::from_ref(&scenario),
     };
     let loops = kinds.iter().map(|kind| async move {
@@ -298,7 +305,10 @@ async fn one(kind: Scenario, t: &Targets<'_>) -> Result<(), ChaosError> {
         Scenario::Restart => {
             pause(Duration::from_millis(1000), Duration::from_millis(2500)).await;
             let start = Instant::now();
-            let cluster = t.cluster.clone();
+            let super::Cluster::Single(cluster) = t.cluster else {
+                return Ok(());
+            };
+            let cluster = cluster.clone();
             let down_for = Duration::from_millis(fastrand::u64(300..1500));
             // Crash, stay down a moment, come back: on one blocking task, which runs to its
             // end even if this future is dropped, so the server is never left down.
@@ -322,7 +332,37 @@ async fn one(kind: Scenario, t: &Targets<'_>) -> Result<(), ChaosError> {
             tokio::time::sleep(hang).await;
             t.log.push(FaultKind::PartnerHang, None, start);
         }
-        Scenario::Poison | Scenario::All => {}
+        Scenario::Poison | Scenario::All | Scenario::Failover => {}
+    }
+    Ok(())
+}
+
+/// `config.rounds` failovers of the formation, switchovers and lost primaries in turn, each
+/// after the formation is healthy again (a lost node rejoined as the standby).
+async fn failovers(t: &Targets<'_>, stop: &CancellationToken) -> Result<(), ChaosError> {
+    let super::Cluster::Ha(cluster) = t.cluster else {
+        return Ok(());
+    };
+    for round in 0..t.config.rounds {
+        if stop.is_cancelled() {
+            break;
+        }
+        pause(Duration::from_millis(1500), Duration::from_millis(3000)).await;
+        let start = Instant::now();
+        let formation = cluster.clone();
+        // On one blocking task each, which runs to its end even if this future is dropped,
+        // so the formation is never left without a standby.
+        if round % 2 == 0 {
+            tokio::task::spawn_blocking(move || formation.perform_failover()).await??;
+            t.log.push(FaultKind::Switchover, None, start);
+        } else {
+            tokio::task::spawn_blocking(move || {
+                let lost = formation.lose_primary()?;
+                formation.rejoin(&lost)
+            })
+            .await??;
+            t.log.push(FaultKind::PrimaryLost, None, start);
+        }
     }
     Ok(())
 }

@@ -75,7 +75,8 @@ impl Fleet {
         let child = Command::new(&self.bin)
             .args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "warn")
+            // Warnings, and the listener's connects (the failover audit counts re-listens).
+            .env("RUST_LOG", "warn,queue_postgres::wake=info")
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queue_core::CancellationToken;
-use queue_postgres::testing::{ClusterError, TempCluster};
-use queue_postgres::{PgQueueConfig, PostgresQueue, Sqlx};
+use queue_postgres::testing::{AutoFailoverCluster, ClusterError, TempCluster};
+use queue_postgres::{PgQueueConfig, PostgresQueue, PrimaryPool, Sqlx};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
@@ -59,6 +59,11 @@ pub enum Scenario {
     Poison,
     /// Every fault above at once, poison payloads included.
     All,
+    /// PostgreSQL failovers on a pg_auto_failover formation: planned switchovers
+    /// (`pg_autoctl perform failover`) and the loss of the primary's machine (its keeper and
+    /// postmaster killed, the standby promoted, the lost node rejoined as the standby), the
+    /// workers on the multi-host URL. Run by [`run_failover`], not [`run`].
+    Failover,
 }
 
 impl Scenario {
@@ -72,6 +77,7 @@ impl Scenario {
             Scenario::Hang => "hang",
             Scenario::Poison => "poison",
             Scenario::All => "all",
+            Scenario::Failover => "failover",
         }
     }
 
@@ -107,6 +113,8 @@ pub struct ChaosConfig {
     pub fail_rate: f64,
     /// Give up waiting for the queue to drain after this.
     pub drain_deadline: Duration,
+    /// The workers' PostgreSQL driver.
+    pub driver: crate::cli::PgDriver,
 }
 
 impl ChaosConfig {
@@ -132,7 +140,23 @@ impl ChaosConfig {
             partner_latency: Duration::from_millis(25),
             fail_rate: 0.05,
             drain_deadline: Duration::from_secs(120),
+            driver: crate::cli::PgDriver::Sqlx,
         }
+    }
+
+    /// The failover run in CI: two switchovers and two lost primaries under a small load,
+    /// with `driver`. The lease (10 s) is longer than a failover (about 2 s to 5 s here), so
+    /// workers ride through it: their outcomes are tried again until the new primary takes
+    /// them.
+    pub fn failover(worker_bin: PathBuf, driver: crate::cli::PgDriver) -> ChaosConfig {
+        let mut config = ChaosConfig::quick(worker_bin);
+        config.scenarios = vec![Scenario::Failover];
+        config.transactions = 400;
+        config.load_for = Duration::from_secs(20);
+        config.rounds = 4;
+        config.lease = Duration::from_secs(10);
+        config.driver = driver;
+        config
     }
 
     /// The full run: every scenario, the combined one included, larger and longer.
@@ -182,6 +206,11 @@ impl ChaosConfig {
             "100",
             "--poll-ms",
             "200",
+            "--driver",
+            match self.driver {
+                crate::cli::PgDriver::Sqlx => "sqlx",
+                crate::cli::PgDriver::TokioPostgres => "tokio-postgres",
+            },
         ]
         .map(str::to_owned)
         .to_vec()
@@ -231,6 +260,12 @@ pub struct ScenarioReport {
     pub elapsed: Duration,
     /// Where the workers' logs are.
     pub logs: PathBuf,
+    /// The longest time between two POSTs reaching the partner while the load ran: the
+    /// pause the workers' clients saw (a failover's, in the failover scenario).
+    pub longest_post_gap: Duration,
+    /// How many times the workers' `LISTEN` connections connected (once each at start,
+    /// again after each loss).
+    pub listener_connects: usize,
 }
 
 /// A chaos run's outcome.
@@ -315,20 +350,73 @@ impl fmt::Display for ChaosReport {
 /// Runs every scenario of `config` on a PostgreSQL cluster of its own (created here, removed
 /// at the end), one scenario after the other.
 pub async fn run(config: &ChaosConfig) -> Result<ChaosReport, ChaosError> {
-    let cluster = Arc::new(tokio::task::spawn_blocking(TempCluster::start).await??);
-    let admin_options = harness_options(&cluster.url("postgres"))?;
-    let admin = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(admin_options)
-        .await?;
+    let cluster = Cluster::Single(Arc::new(
+        tokio::task::spawn_blocking(TempCluster::start).await??,
+    ));
+    run_on(config, &cluster).await
+}
+
+/// Runs the [`Scenario::Failover`] scenario of `config` on a pg_auto_failover formation of
+/// its own (created here, removed at the end).
+pub async fn run_failover(config: &ChaosConfig) -> Result<ChaosReport, ChaosError> {
+    let cluster = Cluster::Ha(Arc::new(
+        tokio::task::spawn_blocking(AutoFailoverCluster::start).await??,
+    ));
+    run_on(config, &cluster).await
+}
+
+async fn run_on(config: &ChaosConfig, cluster: &Cluster) -> Result<ChaosReport, ChaosError> {
+    let (admin, _admin_follower) = harness_pool(cluster, "postgres", 2).await?;
     let mut report = ChaosReport::default();
     for scenario in &config.scenarios {
-        let outcome = run_scenario(config, &cluster, &admin, *scenario).await?;
+        let outcome = run_scenario(config, cluster, &admin, *scenario).await?;
         tracing::info!(scenario = scenario.as_str(), audit = %outcome.audit, "chaos scenario done");
         report.scenarios.push(outcome);
     }
     admin.close().await;
     Ok(report)
+}
+
+/// The server the suite runs on: one cluster, or a high-availability formation.
+pub(crate) enum Cluster {
+    Single(Arc<TempCluster>),
+    Ha(Arc<AutoFailoverCluster>),
+}
+
+impl Cluster {
+    fn url(&self, database: &str) -> String {
+        match self {
+            Cluster::Single(c) => c.url(database),
+            Cluster::Ha(c) => c.url(database),
+        }
+    }
+}
+
+/// A pool of the harness's own on `database` (on a formation, one that follows the primary,
+/// with its follower).
+async fn harness_pool(
+    cluster: &Cluster,
+    database: &str,
+    size: u32,
+) -> Result<(PgPool, Option<PrimaryPool>), ChaosError> {
+    let options = PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(10));
+    match cluster {
+        Cluster::Single(c) => Ok((
+            options
+                .connect_with(harness_options(&c.url(database))?)
+                .await?,
+            None,
+        )),
+        Cluster::Ha(c) => {
+            let url = format!("{}&application_name={HARNESS}", c.url(database));
+            let primary = PrimaryPool::connect(&url, options)
+                .await
+                .map_err(ExchangeError::from)?;
+            Ok((primary.pool().clone(), Some(primary)))
+        }
+    }
 }
 
 fn harness_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
@@ -340,11 +428,18 @@ fn harness_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
 
 async fn run_scenario(
     config: &ChaosConfig,
-    cluster: &Arc<TempCluster>,
+    cluster: &Cluster,
     admin: &PgPool,
     scenario: Scenario,
 ) -> Result<ScenarioReport, ChaosError> {
-    let database = format!("chaos_{}_{}", scenario.as_str(), std::process::id());
+    // Runs in one process (tests in parallel) each have a database and a log folder of their own.
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let database = format!(
+        "chaos_{}_{}_{}",
+        scenario.as_str(),
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
     sqlx::query(AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
     )))
@@ -354,11 +449,7 @@ async fn run_scenario(
         .execute(admin)
         .await?;
     let url = cluster.url(&database);
-    let pool = PgPoolOptions::new()
-        .max_connections(6)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(harness_options(&url)?)
-        .await?;
+    let (pool, _follower) = harness_pool(cluster, &database, 6).await?;
     crate::exchange::MIGRATOR
         .run(&pool)
         .await
@@ -485,6 +576,14 @@ async fn run_scenario(
     let posts = partner.log();
     let faults = log.all();
     let guard_refusals = count_in_logs(&logs, crate::exchange::events::TRANSACTION_GUARD_REFUSED)?;
+    let listener_connects = count_in_logs(&logs, queue_core::events::LISTENER_CONNECTED)?;
+    let mut arrivals: Vec<Instant> = posts.iter().map(|p| p.arrived).collect();
+    arrivals.sort();
+    let longest_post_gap = arrivals
+        .windows(2)
+        .map(|pair| pair[1] - pair[0])
+        .max()
+        .unwrap_or_default();
     let evidence = audit::Evidence {
         created: &created,
         poison: &poison,
@@ -510,6 +609,8 @@ async fn run_scenario(
         audit,
         elapsed,
         logs,
+        longest_post_gap,
+        listener_connects,
     })
 }
 

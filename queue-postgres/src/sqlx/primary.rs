@@ -89,20 +89,26 @@ impl std::fmt::Debug for PrimaryPool {
 impl PrimaryPool {
     /// Finds the primary among the URL's hosts (in their order), opens a pool with `options`
     /// on it and starts following it. Fails when no host takes writes within `options`'
-    /// acquire timeout (and at least one round over the hosts).
+    /// acquire timeout (and at least one round over the hosts); with one host, as soon as it
+    /// cannot connect, as a plain pool does.
     pub async fn connect(url: &str, options: PgPoolOptions) -> Result<PrimaryPool, PgError> {
         let (hosts, connect_timeout) = parse(url)?;
         let give_up = tokio::time::Instant::now() + options.get_acquire_timeout();
-        let first = loop {
-            if let Some(index) = find_primary(&hosts, connect_timeout).await {
-                break index;
+        // One host: connect as a plain pool would, and fail as fast.
+        let first = if hosts.len() == 1 {
+            0
+        } else {
+            loop {
+                if let Some(index) = find_primary(&hosts, connect_timeout).await {
+                    break index;
+                }
+                if tokio::time::Instant::now() >= give_up {
+                    return Err(PgError::NoPrimary {
+                        url: redact_url(url).into_owned(),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            if tokio::time::Instant::now() >= give_up {
-                return Err(PgError::NoPrimary {
-                    url: redact_url(url).into_owned(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let options = options.after_connect(|conn, _meta| {
             Box::pin(async move {

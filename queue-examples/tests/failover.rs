@@ -1,0 +1,60 @@
+//! PostgreSQL failovers under load, on both drivers: `exchange-worker` processes on the
+//! multi-host URL of a pg_auto_failover formation of the test's own (monitor, primary,
+//! synchronous standby), switchovers and lost primaries while the local partner records every
+//! POST, audited as the chaos suite audits (nothing lost or stranded, no conflicting or double
+//! terminal events, every duplicate POST tied to a failover within its lease). Needs
+//! `pg_autoctl` (Debian: postgresql-15-auto-failover), which `.ci/run` installs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use queue_examples::chaos::{self, ChaosConfig};
+use queue_examples::cli::PgDriver;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlx_workers_ride_through_failovers() {
+    ride_through(PgDriver::Sqlx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokio_postgres_workers_ride_through_failovers() {
+    ride_through(PgDriver::TokioPostgres).await;
+}
+
+async fn ride_through(driver: PgDriver) {
+    let config =
+        ChaosConfig::failover(PathBuf::from(env!("CARGO_BIN_EXE_exchange-worker")), driver);
+    let report = chaos::run_failover(&config)
+        .await
+        .expect("the failover run completes");
+    let scenario = &report.scenarios[0];
+    println!("{report}");
+    println!(
+        "{driver:?}: longest pause between POSTs {:.2} s; LISTEN connections made {}",
+        scenario.longest_post_gap.as_secs_f64(),
+        scenario.listener_connects
+    );
+    let violations = report.violations();
+    assert!(
+        violations.is_empty(),
+        "{report}\n{violations:#?}\nworker logs: {}",
+        scenario.logs.display()
+    );
+    let audit = &scenario.audit;
+    let failovers: usize = audit.faults.iter().map(|(_, n)| *n).sum();
+    assert_eq!(
+        failovers, config.rounds,
+        "every failover happened under load"
+    );
+    assert_eq!(audit.success + audit.failed, audit.transactions);
+    assert_eq!(audit.lost, 0);
+    assert_eq!(audit.stranded, 0);
+    // Each worker listened once at start and again on the new primary after failovers.
+    assert!(
+        scenario.listener_connects > config.workers,
+        "no listener re-listened: {} connects for {} workers",
+        scenario.listener_connects,
+        config.workers
+    );
+    assert!(scenario.longest_post_gap < Duration::from_secs(30));
+}
