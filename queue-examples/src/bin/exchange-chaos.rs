@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use queue_examples::chaos::{self, ChaosConfig, Scenario};
+use queue_examples::cli::PgDriver;
 
 /// Runs the exchange through kills, pauses, killed connections, database crashes, a hanging
 /// partner and poison payloads, and audits every promise after each scenario.
@@ -42,6 +43,9 @@ struct Args {
     /// The `exchange-worker` binary (default: next to this one).
     #[arg(long)]
     worker_bin: Option<PathBuf>,
+    /// The workers' PostgreSQL driver.
+    #[arg(long, value_enum, default_value_t = PgDriver::Sqlx)]
+    driver: PgDriver,
 }
 
 #[tokio::main]
@@ -66,11 +70,19 @@ async fn main() -> Result<()> {
             worker_bin.display()
         );
     }
-    let mut config = if args.quick {
+    // The failover scenario needs a high-availability formation: it runs on its own.
+    let failover = args.scenario == [Scenario::Failover];
+    if !failover && args.scenario.contains(&Scenario::Failover) {
+        bail!("--scenario failover runs alone (on a pg_auto_failover formation of its own)");
+    }
+    let mut config = if failover {
+        ChaosConfig::failover(worker_bin, args.driver)
+    } else if args.quick {
         ChaosConfig::quick(worker_bin)
     } else {
         ChaosConfig::full(worker_bin)
     };
+    config.driver = args.driver;
     if !args.scenario.is_empty() {
         config.scenarios = args.scenario;
     }
@@ -80,8 +92,19 @@ async fn main() -> Result<()> {
     if let Some(secs) = args.load_secs {
         config.load_for = Duration::from_secs(secs);
     }
-    let report = chaos::run(&config).await?;
+    let report = if failover {
+        chaos::run_failover(&config).await?
+    } else {
+        chaos::run(&config).await?
+    };
     println!("{report}");
+    for scenario in &report.scenarios {
+        println!(
+            "{}: longest pause between POSTs {:.2} s",
+            scenario.scenario.as_str(),
+            scenario.longest_post_gap.as_secs_f64()
+        );
+    }
     let violations = report.violations();
     if !violations.is_empty() {
         for scenario in &report.scenarios {
