@@ -115,8 +115,10 @@ svg.chart { max-width: 100%; height: auto; background: #fafbfd; border: 1px soli
 @media (max-width: 600px) { main { padding: .5rem; } dl.fields { grid-template-columns: 1fr; } }
 "#;
 
-/// The page frame: the title, the navigation, the refresh (the overview's only: a list that
-/// moved under the cursor would make a click hit another job).
+/// The page frame: the title, the navigation, the refresh (the overview, a queue's jobs and a
+/// job's page: the same URL again, so the queue, state and cursor filters stay; never a page
+/// that asks for a confirmation). Links and forms name jobs by id, so a list that moved under
+/// the pointer still opens the job that was shown.
 fn layout<B: Admin, P>(
     d: &Shared<B, P>,
     title: &str,
@@ -451,7 +453,7 @@ pub(crate) async fn jobs<B: Admin, P>(
         }
     };
     let flash = query.flash.as_deref().and_then(|k| d.flashes.get(k));
-    Ok(layout(&d, "jobs", flash.as_deref(), body, false))
+    Ok(layout(&d, "jobs", flash.as_deref(), body, true))
 }
 
 fn job_table<B: Admin, P>(
@@ -619,6 +621,6 @@ pub(crate) async fn job<B: Admin, P>(
         &format!("job {id}"),
         flash.as_deref(),
         body,
-        false,
+        true,
     ))
 }

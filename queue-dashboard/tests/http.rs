@@ -140,6 +140,42 @@ async fn pages_escape_what_they_show_and_hide_payloads() {
     assert_eq!(bad.status, 400);
 }
 
+/// The overview, a filtered list and a job's page reload themselves at the same URL (the
+/// filters and the cursor stay); a confirmation page does not.
+#[tokio::test]
+async fn lists_and_jobs_refresh_themselves_keeping_their_filters() {
+    let (queue, dead) = queue_with_a_dead_job().await;
+    let config = DashboardConfig::new()
+        .refresh(Some(std::time::Duration::from_secs(7)))
+        .allow_actions(true);
+    let addr = serve(router(queue, hooks(), config)).await;
+    let meta = "<meta http-equiv=\"refresh\" content=\"7\">";
+    for path in [
+        "/".to_owned(),
+        "/jobs?queue=default&state=dead".to_owned(),
+        format!("/jobs?queue=default&state=dead&before={}", dead.0 + 1),
+        format!("/jobs/{}", dead.0),
+    ] {
+        let page = request(addr, "GET", &path, &[], "").await;
+        assert_eq!(page.status, 200, "{path}");
+        assert!(page.body.contains(meta), "{path} does not refresh");
+        // A refresh without a URL reloads this one: nothing may point elsewhere.
+        assert!(!page.body.contains("content=\"7;"), "{path}");
+    }
+    let list = request(addr, "GET", "/jobs?queue=default&state=dead", &[], "").await;
+    assert!(
+        list.body.contains(&format!("/jobs/{}", dead.0)),
+        "{}",
+        list.body
+    );
+    let confirm = request(addr, "GET", "/queues/default/retry-dead", &[], "").await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        !confirm.body.contains(meta),
+        "a confirmation page refreshes"
+    );
+}
+
 #[tokio::test]
 async fn a_read_only_dashboard_refuses_every_action() {
     let (queue, dead) = queue_with_a_dead_job().await;
