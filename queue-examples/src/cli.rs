@@ -222,7 +222,8 @@ pub struct DemoArgs {
     #[arg(long)]
     pub keep_db: bool,
     /// Run the workers as processes and kill some with SIGKILL mid-send (instead of the
-    /// rolling restart); every duplicate POST must be explained by a kill.
+    /// rolling restart); every duplicate POST must be explained by a kill (or by a send its own worker
+    /// timed out on and retried under its key).
     #[arg(long)]
     pub kill: bool,
     /// With --kill: the most worker processes killed.

@@ -79,7 +79,7 @@ async fn main() -> Result<()> {
         );
     } else {
         println!(
-            "{} kills; {} duplicate POSTs, {} of them explained by a kill; duplicate events {}",
+            "{} kills; {} duplicate POSTs, {} of them explained (a kill, or a timed-out send retried); duplicate events {}",
             report.kills,
             report.duplicate_posts,
             report.duplicates_explained,

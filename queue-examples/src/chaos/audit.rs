@@ -425,6 +425,68 @@ pub(crate) fn explained_by(
     })
 }
 
+/// The accepted POSTs beyond the first of their key that [`explained_by`] ties to no fault, each
+/// with the first POST of its key: `(first, later)`.
+pub(crate) fn unexplained_duplicates<'a>(
+    posts: &'a [PostRecord],
+    faults: &[Fault],
+    lease: Duration,
+    send_timeout: Duration,
+) -> Vec<(&'a PostRecord, &'a PostRecord)> {
+    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
+    for post in posts.iter().filter(|p| p.accepted()) {
+        if let Some(key) = post.key.as_deref() {
+            by_key.entry(key).or_default().push(post);
+        }
+    }
+    let mut pairs = Vec::new();
+    for accepted in by_key.values_mut() {
+        accepted.sort_by_key(|p| p.arrived);
+        let first = accepted[0];
+        for later in accepted.iter().skip(1) {
+            if !explained_by(first, later, faults, lease, send_timeout) {
+                pairs.push((first, *later));
+            }
+        }
+    }
+    pairs
+}
+
+/// A duplicate as a person reading a failed run needs it: both POSTs and every fault, timed
+/// from the first POST.
+pub(crate) fn describe_duplicate(
+    first: &PostRecord,
+    later: &PostRecord,
+    faults: &[Fault],
+) -> String {
+    let answered_ms = first
+        .answered
+        .map(|(at, _)| (at - first.arrived).as_millis())
+        .unwrap_or_default();
+    let near: Vec<String> = faults
+        .iter()
+        .map(|f| {
+            let at = if f.start >= first.arrived {
+                format!("+{} ms", (f.start - first.arrived).as_millis())
+            } else {
+                format!("-{} ms", (first.arrived - f.start).as_millis())
+            };
+            format!("{} pid {:?} at {at}", f.kind.as_str(), f.pid)
+        })
+        .collect();
+    format!(
+        "job {:?}: first POST (generation {:?}, {:?}) answered in {answered_ms} ms; again {} ms \
+         later (generation {:?}, {:?}); faults relative to the first: {}",
+        first.job_id,
+        first.generation,
+        first.agent,
+        (later.arrived - first.arrived).as_millis(),
+        later.generation,
+        later.agent,
+        near.join(", ")
+    )
+}
+
 /// The POSTs a partner accepted beyond the first of their key, and how many of those
 /// [`explained_by`] ties to one of `faults`: `(duplicates, explained)`.
 pub(crate) fn duplicate_sends(
@@ -478,6 +540,25 @@ mod tests {
             start: at,
             end: at,
         }
+    }
+
+    #[test]
+    fn the_unexplained_duplicates_are_listed_with_their_first_post() {
+        let lease = Duration::from_secs(4);
+        let timeout = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let posts = [
+            post(0, 10, t0, 201),
+            post(1, 11, t0 + Duration::from_secs(6), 201),
+        ];
+        let pairs = unexplained_duplicates(&posts, &[], lease, timeout);
+        assert_eq!(pairs.len(), 1);
+        assert_eq!((pairs[0].0.seq, pairs[0].1.seq), (0, 1));
+        let killed = [kill(10, t0 + Duration::from_millis(5))];
+        assert!(unexplained_duplicates(&posts, &killed, lease, timeout).is_empty());
+        let text = describe_duplicate(pairs[0].0, pairs[0].1, &killed);
+        assert!(text.contains("again 6000 ms later"), "{text}");
+        assert!(text.contains("at +5 ms"), "{text}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::{
     DemoConfig, DemoReport, LIVE_PARTNERS, UNRESOLVABLE_PARTNER, create_transactions,
     partner_server, progress_bar,
 };
-use crate::chaos::audit::duplicate_sends;
+use crate::chaos::audit::{describe_duplicate, duplicate_sends, unexplained_duplicates};
 use crate::chaos::faults::{AtPartner, FaultLog};
 use crate::chaos::fleet::{self, Fleet};
 use crate::exchange::{
@@ -261,8 +261,23 @@ pub async fn run<S: ExchangeStore>(
     }
     let summary = store.summary().await?;
     let kills = faults.all();
-    let (duplicate_posts, duplicates_explained) =
-        duplicate_sends(&server.log(), &kills, kill.lease, kill.send_timeout);
+    let posts = server.log();
+    let (duplicate_posts, mut duplicates_explained) =
+        duplicate_sends(&posts, &kills, kill.lease, kill.send_timeout);
+    for (first, later) in unexplained_duplicates(&posts, &kills, kill.lease, kill.send_timeout) {
+        // The first send's own worker gave up on it (its timeout fired: the partner's answer,
+        // ready in time at the partner, reached the worker late on a loaded machine) and
+        // retried under the same key, as the exchange does after an ambiguous failure
+        // (ADR 0003): the job's error history holds a retry for that generation.
+        if gave_up_on(&store, first).await? {
+            duplicates_explained += 1;
+        } else {
+            println!(
+                "unexplained duplicate: {}",
+                describe_duplicate(first, later, &kills)
+            );
+        }
+    }
     let stale_fenced = store.queue().control().await?.stale_fences;
     let _ = std::fs::remove_dir_all(&logs);
     Ok(DemoReport {
@@ -280,6 +295,25 @@ pub async fn run<S: ExchangeStore>(
         kills: kills.len() as u64,
         elapsed_ms: started.elapsed().as_millis(),
     })
+}
+
+/// Whether the worker of `post`'s attempt ended it with a retry (the job's error history has a
+/// retry under that attempt's generation).
+async fn gave_up_on<S: ExchangeStore>(
+    store: &S,
+    post: &crate::exchange::partner_server::PostRecord,
+) -> Result<bool, ExchangeError> {
+    let (Some(job), Some(generation)) = (post.job_id, post.generation) else {
+        return Ok(false);
+    };
+    let Some(record) = queue_core::Backend::get(store.queue(), queue_core::JobId(job)).await?
+    else {
+        return Ok(false);
+    };
+    Ok(record
+        .errors
+        .iter()
+        .any(|e| e.generation == generation && e.outcome == "retry"))
 }
 
 fn io(err: std::io::Error) -> ExchangeError {
