@@ -119,6 +119,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         include_str!(
             "../migrations/20260301000004_receipt_jobs_holder_errors_and_queue_controls.sql"
         ),
+        include_str!("../migrations/20260301000005_receipt_jobs_claim_token.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();

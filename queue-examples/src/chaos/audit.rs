@@ -419,7 +419,10 @@ pub(crate) fn explained_by(
         None => {
             matches!(
                 fault.kind,
-                FaultKind::RestartDatabase | FaultKind::Switchover | FaultKind::PrimaryLost
+                FaultKind::RestartDatabase
+                    | FaultKind::Switchover
+                    | FaultKind::PrimaryLost
+                    | FaultKind::PrimaryCrash
             ) && overlaps(fault, (a.arrived, a.arrived + lease))
         }
     })

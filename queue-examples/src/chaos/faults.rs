@@ -39,6 +39,8 @@ pub enum FaultKind {
     Switchover,
     /// The primary's machine lost (keeper and postmaster killed), its standby promoted.
     PrimaryLost,
+    /// The primary's postmaster killed with SIGKILL; its keeper starts it again.
+    PrimaryCrash,
 }
 
 impl FaultKind {
@@ -54,6 +56,7 @@ impl FaultKind {
             FaultKind::RestartDatabase => "PostgreSQL crash restart",
             FaultKind::Switchover => "PostgreSQL switchover",
             FaultKind::PrimaryLost => "PostgreSQL primary lost",
+            FaultKind::PrimaryCrash => "PostgreSQL primary postmaster kill -9",
             FaultKind::PartnerHang => "partner hang",
         }
     }
@@ -337,8 +340,9 @@ async fn one(kind: Scenario, t: &Targets<'_>) -> Result<(), ChaosError> {
     Ok(())
 }
 
-/// `config.rounds` failovers of the formation, switchovers and lost primaries in turn, each
-/// after the formation is healthy again (a lost node rejoined as the standby).
+/// `config.rounds` failovers of the formation: a switchover, a kill -9 of the primary's
+/// postmaster and a lost primary in turn, each after the formation is healthy again (a lost
+/// node rejoined as the standby).
 async fn failovers(t: &Targets<'_>, stop: &CancellationToken) -> Result<(), ChaosError> {
     let super::Cluster::Ha(cluster) = t.cluster else {
         return Ok(());
@@ -352,16 +356,23 @@ async fn failovers(t: &Targets<'_>, stop: &CancellationToken) -> Result<(), Chao
         let formation = cluster.clone();
         // On one blocking task each, which runs to its end even if this future is dropped,
         // so the formation is never left without a standby.
-        if round % 2 == 0 {
-            tokio::task::spawn_blocking(move || formation.perform_failover()).await??;
-            t.log.push(FaultKind::Switchover, None, start);
-        } else {
-            tokio::task::spawn_blocking(move || {
-                let lost = formation.lose_primary()?;
-                formation.rejoin(&lost)
-            })
-            .await??;
-            t.log.push(FaultKind::PrimaryLost, None, start);
+        match round % 3 {
+            0 => {
+                tokio::task::spawn_blocking(move || formation.perform_failover()).await??;
+                t.log.push(FaultKind::Switchover, None, start);
+            }
+            1 => {
+                tokio::task::spawn_blocking(move || formation.kill_primary_postmaster()).await??;
+                t.log.push(FaultKind::PrimaryCrash, None, start);
+            }
+            _ => {
+                tokio::task::spawn_blocking(move || {
+                    let lost = formation.lose_primary()?;
+                    formation.rejoin(&lost)
+                })
+                .await??;
+                t.log.push(FaultKind::PrimaryLost, None, start);
+            }
         }
     }
     Ok(())

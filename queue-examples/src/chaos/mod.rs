@@ -60,9 +60,9 @@ pub enum Scenario {
     /// Every fault above at once, poison payloads included.
     All,
     /// PostgreSQL failovers on a pg_auto_failover formation: planned switchovers
-    /// (`pg_autoctl perform failover`) and the loss of the primary's machine (its keeper and
-    /// postmaster killed, the standby promoted, the lost node rejoined as the standby), the
-    /// workers on the multi-host URL. Run by [`run_failover`], not [`run`].
+    /// (`pg_autoctl perform failover`), kills of the primary's postmaster (its keeper restarts
+    /// it) and the loss of the primary's machine (its keeper and postmaster killed, the standby
+    /// promoted, the lost node rejoined as the standby), the workers on the multi-host URL. Run by [`run_failover`], not [`run`].
     Failover,
 }
 
@@ -144,16 +144,17 @@ impl ChaosConfig {
         }
     }
 
-    /// The failover run in CI: two switchovers and two lost primaries under a small load,
+    /// The failover run in CI: two each of switchovers, kills of the primary's postmaster and
+    /// lost primaries under a small load,
     /// with `driver`. The lease (10 s) is longer than a failover (about 2 s to 5 s here), so
     /// workers ride through it: their outcomes are tried again until the new primary takes
     /// them.
     pub fn failover(worker_bin: PathBuf, driver: crate::cli::PgDriver) -> ChaosConfig {
         let mut config = ChaosConfig::quick(worker_bin);
         config.scenarios = vec![Scenario::Failover];
-        config.transactions = 400;
-        config.load_for = Duration::from_secs(20);
-        config.rounds = 4;
+        config.transactions = 600;
+        config.load_for = Duration::from_secs(30);
+        config.rounds = 6;
         config.lease = Duration::from_secs(10);
         config.driver = driver;
         config

@@ -231,6 +231,22 @@ impl AutoFailoverCluster {
         Ok(name)
     }
 
+    /// The primary's postmaster killed with SIGKILL (its keeper lives on): the keeper starts
+    /// PostgreSQL again, usually before the monitor would fail over. Returns once the
+    /// formation is healthy, whichever node is primary then.
+    pub fn kill_primary_postmaster(&self) -> Result<(), ClusterError> {
+        let port = self.primary_port()?;
+        let index = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .ok_or(ClusterError::NoPrimary)?;
+        kill_postmaster(&self.root.join(format!("node{}", index + 1)));
+        // The monitor must first see the crash, or the old state reads as healthy.
+        std::thread::sleep(Duration::from_millis(200));
+        self.wait_healthy(Duration::from_secs(90))
+    }
+
     /// Starts a lost node's keeper again; it rejoins as the standby (pg_rewind), and this
     /// returns once the formation is healthy.
     pub fn rejoin(&self, node: &str) -> Result<(), ClusterError> {
@@ -432,6 +448,8 @@ mod tests {
         assert_eq!(lost, "node2");
         assert_eq!(cluster.primary_port().unwrap(), first);
         cluster.rejoin(&lost).unwrap();
+        cluster.kill_primary_postmaster().unwrap();
+        cluster.primary_port().unwrap();
         let root = cluster.root.clone();
         drop(cluster);
         assert!(!root.exists());
