@@ -38,9 +38,11 @@
 //! * **At-least-once.** A job whose worker dies is claimed again once its lease (default 90 s,
 //!   [`Lease::DEFAULT`]) expires; recovery is part of every claim, so it never waits for a reboot.
 //! * **No conflicting outcomes.** Every write of a lease holder is a compare-and-set on
-//!   `(id, status = in_flight, claim_generation)` and reports [`FinalizeOutcome::Stale`] when
-//!   another claim superseded it. Finalize hooks (outbox events, domain status) run in the same
-//!   transaction and only after [`FinalizeOutcome::Applied`].
+//!   `(id, status = in_flight, claim_generation, claim_token)` and reports
+//!   [`FinalizeOutcome::Stale`] when another claim superseded it (even one that a store which
+//!   lost writes gave the same generation: its [`ClaimToken`] differs). Finalize hooks (outbox
+//!   events, domain status) run in the same transaction and only after
+//!   [`FinalizeOutcome::Applied`].
 //! * **What the fence cannot stop:** an external side effect (an HTTP call) made by a worker
 //!   whose lease had already lapsed. Give external calls an idempotency key of the job's own, and
 //!   size the lease well above the handler's worst case.

@@ -52,16 +52,25 @@ impl fmt::Display for ClaimGeneration {
 pub struct ClaimToken(pub i64);
 
 impl ClaimToken {
-    /// A fresh token: 64 bits from [`fastrand`] (seeded from the operating system's randomness
-    /// per thread), never `0`. One claim draws one token for all the jobs it takes; a job's next
+    /// A fresh token: 64 bits from a per-thread generator seeded from the operating system's
+    /// random numbers (so two processes, or two machines, started at the same instant draw
+    /// apart), never `0`. One claim draws one token for all the jobs it takes; a job's next
     /// claim, by any worker on any store, draws another.
     pub fn random() -> ClaimToken {
-        loop {
-            let token = fastrand::i64(..);
-            if token != 0 {
-                return ClaimToken(token);
-            }
+        thread_local! {
+            static RNG: std::cell::RefCell<fastrand::Rng> = std::cell::RefCell::new(
+                fastrand::Rng::with_seed(getrandom::u64().unwrap_or_else(|_| fastrand::u64(..))),
+            );
         }
+        RNG.with(|rng| {
+            let mut rng = rng.borrow_mut();
+            loop {
+                let token = rng.i64(..);
+                if token != 0 {
+                    return ClaimToken(token);
+                }
+            }
+        })
     }
 }
 

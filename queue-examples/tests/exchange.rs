@@ -118,10 +118,10 @@ async fn rolling_restart_under_load_on_postgres_sends_each_transmission_once() {
     assert_eq!(report.conflicting_events, 0, "{report}");
     assert_eq!(report.duplicate_events, 0, "{report}");
     assert_eq!(report.sent + report.failed, 600, "{report}");
-    assert!(
-        report.released > 0,
-        "the restart should have released unstarted claims: {report}"
-    );
+    // Whether the restart found prefetched claims to release depends on the instant it came
+    // (a worker's buffer empties within a send's latency): the release itself is proven
+    // deterministically by the conformance case
+    // `graceful_shutdown_releases_unstarted_claims` on every backend.
     // One event per transaction, matching its status.
     let summary = store.summary().await.unwrap();
     assert_eq!(summary.sent_events, summary.success);

@@ -41,4 +41,4 @@ FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[
           claim_token)
 WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
   AND j.claim_token = u.claim_token
-RETURNING j.id, u.claim_generation
+RETURNING j.id, u.claim_generation, u.claim_token

@@ -91,19 +91,23 @@ impl<'a> FinalizeColumns<'a> {
     }
 }
 
-/// One outcome per item from the `(id, generation)` pairs the statement returned (a batch
-/// never holds one claim twice: see `queue_core::limits::check_batch`).
+/// One outcome per item from the `(id, generation, token)` triples the statement returned (a
+/// batch never holds one claim twice: see `queue_core::limits::check_batch`; two claims of one
+/// job that differ only in their token, as after a failover that reissued a generation, are
+/// told apart).
 pub(crate) fn outcomes(
     items: &[(Claim, Finalize)],
-    applied: impl IntoIterator<Item = (i64, i64)>,
+    applied: impl IntoIterator<Item = (i64, i64, i64)>,
 ) -> Vec<FinalizeOutcome> {
-    let mut applied: HashSet<(i64, i64)> = applied.into_iter().collect();
+    let mut applied: HashSet<(i64, i64, i64)> = applied.into_iter().collect();
     items
         .iter()
         .map(|(claim, _)| {
-            FinalizeOutcome::from_rows_affected(
-                applied.remove(&(claim.id.0, claim.generation.0)) as u64
-            )
+            FinalizeOutcome::from_rows_affected(applied.remove(&(
+                claim.id.0,
+                claim.generation.0,
+                claim.token.0,
+            )) as u64)
         })
         .collect()
 }

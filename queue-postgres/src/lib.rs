@@ -2,7 +2,7 @@
 //!
 //! The PostgreSQL backend of [`queue_core`]: a queue is a table (yours, or the standard
 //! `queue_jobs`), claimed with one `FOR UPDATE SKIP LOCKED` statement that also recovers expired
-//! leases, and finalized with writes fenced on `claim_generation`.
+//! leases, and finalized with writes fenced on `claim_generation` and `claim_token`.
 //!
 //! ```no_run
 //! use queue_core::{Backend, Handler, JobContext, JobError, NewJob, Worker, WorkerConfig};
@@ -37,8 +37,8 @@
 //!   counts as expired), in `next_attempt_at` then priority order, two index-backed
 //!   `SKIP LOCKED` picks merged, so the cost stays flat as the backlog grows. Lease arithmetic
 //!   uses the database's `now()` only.
-//! * **Fenced writes**: `WHERE id = … AND status = 'in_flight' AND claim_generation = …`, one
-//!   outcome per job, batched with `unnest`.
+//! * **Fenced writes**: `WHERE id = … AND status = 'in_flight' AND claim_generation = … AND
+//!   claim_token = …`, one outcome per job, batched with `unnest`.
 //! * **Hooks** get a [`PostgresTx`]; the caller's own transaction works too
 //!   ([`PostgresQueue::finalize_with`] and [`PostgresQueue::enqueue_with`] take any connection
 //!   of the driver's).

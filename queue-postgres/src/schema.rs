@@ -4,7 +4,7 @@
 
 use crate::error::PgError;
 use crate::ident::TableName;
-use crate::sql::{self, COLUMNS};
+use crate::sql::{self, COLUMNS, col};
 
 /// The name of the table in which the framework records its own applied migrations, so that
 /// they coexist with a service's own migrator (which keeps `_sqlx_migrations`): neither sees
@@ -101,6 +101,11 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
     let mut missing = Vec::new();
     for (name, ty) in COLUMNS {
         match facts.columns.iter().find(|(n, _)| n == name) {
+            // A column of a later table migration: name the migration to commit.
+            None if name == col::CLAIM_TOKEN => missing.push(format!(
+                "column {name} ({ty}; table migration 20261204000001: commit \
+                 table_migration_sql(table, 20261204000001) as a migration of your own)"
+            )),
             None => missing.push(format!("column {name} ({ty})")),
             Some((_, actual)) if actual != ty => {
                 missing.push(format!("column {name} must be {ty}, found {actual}"))

@@ -107,6 +107,7 @@ pub(crate) async fn finalize<D: Driver>(
             Ok((
                 get::<D, i64>(row, "id")?,
                 get::<D, i64>(row, "claim_generation")?,
+                get::<D, i64>(row, "claim_token")?,
             ))
         })
         .collect::<Result<Vec<_>, PgError>>()?;

@@ -24,6 +24,7 @@ per_driver!(
     a_connection_killed_during_finalize_loses_nothing,
     schema_check_names_a_missing_table,
     schema_check_names_what_a_table_without_an_id_lacks,
+    a_table_from_before_the_claim_token_is_told_which_migration_to_commit,
     notify_wakes_an_idle_worker_and_a_lost_listener_re_listens,
     notify_is_sent_on_commit_only,
     concurrent_enqueues_of_one_unique_key_insert_once,
@@ -421,6 +422,43 @@ async fn schema_check_names_what_a_table_without_an_id_lacks<D: TestDriver>() {
             "the refusal must name {named:?}: {text}"
         );
     }
+    db.drop_db().await;
+}
+
+/// A custom table of the previous release (no claim token) is refused, naming the one table
+/// migration to commit; once it is applied, the queue opens and fences on the token.
+async fn a_table_from_before_the_claim_token_is_told_which_migration_to_commit<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let table = TableName::new("older_jobs").unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(queue_postgres::create_table_sql(
+        &table,
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql("ALTER TABLE older_jobs DROP COLUMN claim_token")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let config = PgQueueConfig::new(table.clone(), QueueName::default());
+    let err = support::connect::<D>(&db, config.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PgError::Schema { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("column claim_token") && text.contains("20261204000001"),
+        "{text}"
+    );
+    let migration = queue_postgres::table_migration_sql(&table, 20261204000001).unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(migration))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let queue = support::connect::<D>(&db, config).await.unwrap();
+    queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
+    let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
+    assert_ne!(job.token, queue_core::ClaimToken(0));
     db.drop_db().await;
 }
 

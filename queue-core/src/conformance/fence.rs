@@ -59,6 +59,19 @@ cases! {
         assert_eq!(rec.attempts, 1, "the ghost's release gave no attempt back");
         assert_eq!(rec.last_error, None);
 
+        // The ghost and the true holder of one job in one batch: only the true holder's write
+        // applies, and each gets its own answer.
+        let both = b
+            .finalize_many(&[
+                (ghost, Finalize::Retry { at: RunAt::Now, error: "ghost".into() }),
+                (job.claim(), Finalize::Release),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(both, [FinalizeOutcome::Stale, FinalizeOutcome::Applied]);
+        let job = claim(b, 1).await.jobs.remove(0);
+        assert_eq!(job.id, id, "the released job is claimed again");
+
         // In one batch with the true holder: only the true holder's write applies.
         let other = enqueue(b, 2).await;
         let other_job = claim(b, 1).await.jobs.remove(0);

@@ -255,11 +255,14 @@ struct Writer<B> {
 
 impl<B: Backend> Writer<B> {
     /// A write whose commit result was lost found the job gone: it is ours if the job shows
-    /// our generation and the status our write leaves; otherwise nobody can tell.
+    /// our generation and token and the status our write leaves; otherwise nobody can tell
+    /// (after a failover that reissued our generation, the row another holder ended shows its
+    /// token, not ours).
     async fn confirm(&self, claim: Claim, action: &Finalize) -> Written {
         match self.backend.get(claim.id).await {
             Ok(Some(row))
                 if row.claim_generation == claim.generation
+                    && row.claim_token == claim.token
                     && row.status == action.target_status()
                     && row.status != JobStatus::InFlight =>
             {

@@ -110,8 +110,13 @@ async fn main() -> Result<()> {
             (Some(primary), start(store, partners, worker_config)?)
         }
         PgDriver::TokioPostgres => {
-            let pg_config: tokio_postgres::Config =
+            let mut pg_config: tokio_postgres::Config =
                 url.parse().context("the database URL (tokio-postgres)")?;
+            // Several hosts: write only to the one that takes writes, whatever the URL says.
+            if pg_config.get_hosts().len() > 1 {
+                pg_config
+                    .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+            }
             let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
             let pool = deadpool_postgres::Pool::builder(manager)
                 .max_size(pool_size as usize)

@@ -429,30 +429,32 @@ pub(crate) fn explained_by(
 }
 
 /// The accepted POSTs beyond the first of their key that [`explained_by`] ties to no fault, each
-/// with the first POST of its key: `(first, later)`.
+/// as `(first, previous, later)`: the first POST of its key, the accepted one just before it,
+/// and itself.
 pub(crate) fn unexplained_duplicates<'a>(
     posts: &'a [PostRecord],
     faults: &[Fault],
     lease: Duration,
     send_timeout: Duration,
-) -> Vec<(&'a PostRecord, &'a PostRecord)> {
+) -> Vec<(&'a PostRecord, &'a PostRecord, &'a PostRecord)> {
     let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
     for post in posts.iter().filter(|p| p.accepted()) {
         if let Some(key) = post.key.as_deref() {
             by_key.entry(key).or_default().push(post);
         }
     }
-    let mut pairs = Vec::new();
+    let mut found = Vec::new();
     for accepted in by_key.values_mut() {
         accepted.sort_by_key(|p| p.arrived);
         let first = accepted[0];
-        for later in accepted.iter().skip(1) {
+        for pair in accepted.windows(2) {
+            let (previous, later) = (pair[0], pair[1]);
             if !explained_by(first, later, faults, lease, send_timeout) {
-                pairs.push((first, *later));
+                found.push((first, previous, later));
             }
         }
     }
-    pairs
+    found
 }
 
 /// A duplicate as a person reading a failed run needs it: both POSTs and every fault, timed
@@ -556,10 +558,10 @@ mod tests {
         ];
         let pairs = unexplained_duplicates(&posts, &[], lease, timeout);
         assert_eq!(pairs.len(), 1);
-        assert_eq!((pairs[0].0.seq, pairs[0].1.seq), (0, 1));
+        assert_eq!((pairs[0].0.seq, pairs[0].1.seq, pairs[0].2.seq), (0, 0, 1));
         let killed = [kill(10, t0 + Duration::from_millis(5))];
         assert!(unexplained_duplicates(&posts, &killed, lease, timeout).is_empty());
-        let text = describe_duplicate(pairs[0].0, pairs[0].1, &killed);
+        let text = describe_duplicate(pairs[0].0, pairs[0].2, &killed);
         assert!(text.contains("again 6000 ms later"), "{text}");
         assert!(text.contains("at +5 ms"), "{text}");
     }

@@ -356,22 +356,28 @@ async fn failovers(t: &Targets<'_>, stop: &CancellationToken) -> Result<(), Chao
         let formation = cluster.clone();
         // On one blocking task each, which runs to its end even if this future is dropped,
         // so the formation is never left without a standby.
+        // Each fault's window ends when a primary takes writes again: the audit ties a
+        // duplicate to it only while outcomes could not be written. Settling (a lost node
+        // rejoining as the standby) comes after, outside the window.
         match round % 3 {
             0 => {
                 tokio::task::spawn_blocking(move || formation.perform_failover()).await??;
                 t.log.push(FaultKind::Switchover, None, start);
             }
             1 => {
-                tokio::task::spawn_blocking(move || formation.kill_primary_postmaster()).await??;
+                let back = formation.clone();
+                tokio::task::spawn_blocking(move || back.kill_primary_postmaster()).await??;
                 t.log.push(FaultKind::PrimaryCrash, None, start);
-            }
-            _ => {
                 tokio::task::spawn_blocking(move || {
-                    let lost = formation.lose_primary()?;
-                    formation.rejoin(&lost)
+                    formation.wait_healthy(Duration::from_secs(90))
                 })
                 .await??;
+            }
+            _ => {
+                let back = formation.clone();
+                let lost = tokio::task::spawn_blocking(move || back.lose_primary()).await??;
                 t.log.push(FaultKind::PrimaryLost, None, start);
+                tokio::task::spawn_blocking(move || formation.rejoin(&lost)).await??;
             }
         }
     }

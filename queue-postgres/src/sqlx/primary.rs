@@ -6,9 +6,9 @@
 //! new connection that lands on a standby, and, from a task of its own, checks the primary once
 //! a second and points the pool's new connections at the new primary after a failover.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use queue_core::events::{PRIMARY_CHANGED, PRIMARY_MISSING};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
@@ -73,6 +73,8 @@ struct Shared {
     current: AtomicU64,
     /// How many times the pool moved to another host.
     switches: AtomicU64,
+    /// When it last did: connections older than that are not handed out again.
+    switched_at: Mutex<Option<Instant>>,
     connect_timeout: Duration,
 }
 
@@ -99,35 +101,53 @@ impl PrimaryPool {
             0
         } else {
             loop {
-                if let Some(index) = find_primary(&hosts, connect_timeout).await {
-                    break index;
+                match find_primary(&hosts, connect_timeout).await {
+                    Found::Primary(index) => break index,
+                    // A wrong password or a missing database is no outage: waiting heals
+                    // nothing.
+                    Found::Refused(err) => return Err(PgError::Database(err)),
+                    Found::Nothing if tokio::time::Instant::now() >= give_up => {
+                        return Err(PgError::NoPrimary {
+                            url: redact_url(url).into_owned(),
+                        });
+                    }
+                    Found::Nothing => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
-                if tokio::time::Instant::now() >= give_up {
-                    return Err(PgError::NoPrimary {
-                        url: redact_url(url).into_owned(),
-                    });
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         };
-        let options = options.after_connect(|conn, _meta| {
-            Box::pin(async move {
-                if accepts_writes(conn).await? {
-                    Ok(())
-                } else {
-                    Err(sqlx::Error::Io(std::io::Error::other(
-                        "the server does not take writes (a standby): waiting for the primary",
-                    )))
-                }
-            })
-        });
-        let pool = options.connect_with(hosts[first].options.clone()).await?;
         let shared = Arc::new(Shared {
             hosts,
             current: AtomicU64::new(first as u64),
             switches: AtomicU64::new(0),
+            switched_at: Mutex::new(None),
             connect_timeout,
         });
+        let since_switch = shared.clone();
+        let options = options
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    if accepts_writes(conn).await? {
+                        Ok(())
+                    } else {
+                        Err(sqlx::Error::Io(std::io::Error::other(
+                            "the server does not take writes (a standby): waiting for the primary",
+                        )))
+                    }
+                })
+            })
+            // A connection opened before the pool moved to another host is closed instead of
+            // handed out: its server was the old primary (read-only now, or about to be).
+            .before_acquire(move |_conn, meta| {
+                let stale = since_switch
+                    .switched_at
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some_and(|at| meta.age > at.elapsed());
+                Box::pin(async move { Ok(!stale) })
+            });
+        let pool = options
+            .connect_with(shared.hosts[first].options.clone())
+            .await?;
         let follower = tokio::spawn(follow(pool.clone(), shared.clone()));
         Ok(PrimaryPool {
             pool,
@@ -187,10 +207,12 @@ async fn follow(pool: PgPool, shared: Arc<Shared>) {
         }
         probe = None;
         match find_primary(&shared.hosts, shared.connect_timeout).await {
-            Some(found) if found == current => {}
-            Some(found) => {
+            Found::Primary(found) if found == current => missing = false,
+            Found::Primary(found) => {
                 shared.current.store(found as u64, Ordering::SeqCst);
                 shared.switches.fetch_add(1, Ordering::SeqCst);
+                *shared.switched_at.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now());
                 pool.set_connect_options(shared.hosts[found].options.clone());
                 tracing::info!(
                     name: PRIMARY_CHANGED,
@@ -200,7 +222,7 @@ async fn follow(pool: PgPool, shared: Arc<Shared>) {
                 );
                 missing = false;
             }
-            None => {
+            Found::Refused(_) | Found::Nothing => {
                 if !missing {
                     tracing::warn!(
                         name: PRIMARY_MISSING,
@@ -214,18 +236,51 @@ async fn follow(pool: PgPool, shared: Arc<Shared>) {
     }
 }
 
+/// What a look over the hosts found.
+enum Found {
+    /// The first host, in the URL's order, that takes writes.
+    Primary(usize),
+    /// No host takes writes, and one refused us for good (a password, a database name): the
+    /// last such error.
+    Refused(sqlx::Error),
+    /// No host takes writes now.
+    Nothing,
+}
+
 /// The first host, in the URL's order, that takes writes.
-async fn find_primary(hosts: &[Host], timeout: Duration) -> Option<usize> {
+async fn find_primary(hosts: &[Host], timeout: Duration) -> Found {
+    let mut refused = None;
     for (index, host) in hosts.iter().enumerate() {
-        if let Some(mut conn) = connect(host, timeout).await {
-            let answer = tokio::time::timeout(timeout, accepts_writes(&mut conn)).await;
-            let _ = tokio::time::timeout(timeout, conn.close()).await;
-            if matches!(answer, Ok(Ok(true))) {
-                return Some(index);
+        match tokio::time::timeout(timeout, host.options.connect()).await {
+            Ok(Ok(mut conn)) => {
+                let answer = tokio::time::timeout(timeout, accepts_writes(&mut conn)).await;
+                let _ = tokio::time::timeout(timeout, conn.close()).await;
+                if matches!(answer, Ok(Ok(true))) {
+                    return Found::Primary(index);
+                }
             }
+            Ok(Err(err)) if refused_for_good(&err) => {
+                refused = Some(err);
+            }
+            _ => {}
         }
     }
-    None
+    match refused {
+        Some(err) => Found::Refused(err),
+        None => Found::Nothing,
+    }
+}
+
+/// A connect error that waiting cannot heal: refused credentials (SQLSTATE class `28`), a
+/// database that does not exist (`3D000`), a TLS or configuration failure.
+fn refused_for_good(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("28") || code == "3D000"),
+        sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => true,
+        _ => false,
+    }
 }
 
 async fn connect(host: &Host, timeout: Duration) -> Option<PgConnection> {
@@ -246,6 +301,22 @@ fn parse(url: &str) -> Result<(Vec<Host>, Duration), PgError> {
         url: redact_url(url).into_owned(),
         reason,
     };
+    // One host (or a socket, or hosts from parameters or the environment): sqlx reads the URL
+    // as it would for a plain pool.
+    let authority_has_list = url
+        .split_once("://")
+        .map(|(_, rest)| rest[..rest.find(['/', '?']).unwrap_or(rest.len())].contains(','))
+        .unwrap_or(false);
+    if !matches!(url.split_once("://"), Some(("postgres" | "postgresql", _))) {
+        return Err(invalid("not a postgres:// URL"));
+    }
+    if !authority_has_list {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|_| invalid("not a PostgreSQL URL sqlx can read"))?;
+        let name = format!("{}:{}", options.get_host(), options.get_port());
+        return Ok((vec![Host { name, options }], DEFAULT_CONNECT_TIMEOUT));
+    }
     let (scheme, rest) = url
         .split_once("://")
         .filter(|(scheme, _)| matches!(*scheme, "postgres" | "postgresql"))
@@ -305,9 +376,18 @@ fn parse(url: &str) -> Result<(Vec<Host>, Duration), PgError> {
         }
         let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
         let single = format!("{scheme}://{user}{host}{path}{query}");
-        let options: PgConnectOptions = single
+        let mut options: PgConnectOptions = single
             .parse()
             .map_err(|_| invalid("a host of the list does not make a valid URL"))?;
+        // An IPv6 address keeps the URL's brackets in sqlx's host, which its resolver refuses.
+        if let Some(address) = options
+            .get_host()
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+        {
+            let address = address.to_owned();
+            options = options.host(&address);
+        }
         let name = format!("{}:{}", options.get_host(), options.get_port());
         hosts.push(Host { name, options });
     }
@@ -338,6 +418,15 @@ mod tests {
             assert_eq!(host.options.get_application_name(), Some("sender"));
         }
         assert_eq!(names("postgresql://localhost/app"), ["localhost:5432"]);
+        // One host or a socket: read by sqlx as a plain pool would.
+        assert_eq!(
+            names("postgres:///app?host=/var/run/postgresql"),
+            ["/var/run/postgresql:5432"]
+        );
+        assert_eq!(
+            names("postgres://[::1]:5433,[::1]:5434/app"),
+            ["::1:5433", "::1:5434"]
+        );
     }
 
     #[test]
@@ -349,7 +438,7 @@ mod tests {
             "postgres://u:pw@h1,h2/db?target_session_attrs=read-only",
             "postgres://u:pw@h1,h2/db?connect_timeout=0",
             "postgres://u:pw@h1,h2/db?connect_timeout=soon",
-            "postgres://u:pw@h1/db?host=h2",
+            "postgres://u:pw@h1,h3/db?host=h2",
         ] {
             let err = parse(url).err().unwrap_or_else(|| panic!("{url} accepted"));
             assert!(matches!(err, PgError::InvalidUrl { .. }), "{url}: {err}");

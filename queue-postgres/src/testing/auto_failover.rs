@@ -220,7 +220,7 @@ impl AutoFailoverCluster {
                 let _ = child.wait();
             }
         }
-        kill_postmaster(&self.root.join(&name));
+        let _ = kill_postmaster(&self.root.join(&name));
         let deadline = Instant::now() + Duration::from_secs(90);
         while self.primary_port().ok() != Some(self.ports[1 - index]) {
             if Instant::now() > deadline {
@@ -232,8 +232,9 @@ impl AutoFailoverCluster {
     }
 
     /// The primary's postmaster killed with SIGKILL (its keeper lives on): the keeper starts
-    /// PostgreSQL again, usually before the monitor would fail over. Returns once the
-    /// formation is healthy, whichever node is primary then.
+    /// PostgreSQL again, usually before the monitor would fail over. Returns once a primary
+    /// takes writes again (the same node, restarted, or the other one); the formation may still
+    /// be settling ([`AutoFailoverCluster::wait_healthy`]).
     pub fn kill_primary_postmaster(&self) -> Result<(), ClusterError> {
         let port = self.primary_port()?;
         let index = self
@@ -241,10 +242,28 @@ impl AutoFailoverCluster {
             .iter()
             .position(|p| *p == port)
             .ok_or(ClusterError::NoPrimary)?;
-        kill_postmaster(&self.root.join(format!("node{}", index + 1)));
-        // The monitor must first see the crash, or the old state reads as healthy.
-        std::thread::sleep(Duration::from_millis(200));
-        self.wait_healthy(Duration::from_secs(90))
+        let pgdata = self.root.join(format!("node{}", index + 1));
+        let killed = kill_postmaster(&pgdata).ok_or(ClusterError::NoPrimary)?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let restarted = postmaster_pid(&pgdata).is_some_and(|pid| pid != killed);
+            let other = self.ports[1 - index];
+            let takes_writes = |port: u16| {
+                Command::new("psql")
+                    .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                    .args(["-d", "postgres", "-XAtqc", "SELECT NOT pg_is_in_recovery()"])
+                    .stderr(Stdio::null())
+                    .output()
+                    .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "t")
+            };
+            if (restarted && takes_writes(port)) || takes_writes(other) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::NoPrimary);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Starts a lost node's keeper again; it rejoins as the standby (pg_rewind), and this
@@ -397,7 +416,7 @@ impl Drop for AutoFailoverCluster {
             kill_group(child);
         }
         for name in ["node1", "node2", "monitor"] {
-            kill_postmaster(&self.root.join(name));
+            let _ = kill_postmaster(&self.root.join(name));
         }
         for (_, mut child) in keepers {
             let _ = child.wait();
@@ -414,15 +433,31 @@ fn kill_group(child: &Child) {
 }
 
 /// Kills the postmaster of `pgdata` (its children end with it).
-fn kill_postmaster(pgdata: &Path) {
-    if let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid"))
-        && let Some(pid) = text.lines().next()
-    {
-        let _ = Command::new("kill")
-            .args(["-KILL", pid.trim()])
-            .stderr(Stdio::null())
-            .status();
+/// Kills the postmaster of `pgdata` (its children end with it), returning its pid. A pid file a
+/// killed server left behind may name a pid the system has given to another process since: only
+/// a process whose command line names `pgdata` is killed.
+fn kill_postmaster(pgdata: &Path) -> Option<u32> {
+    let pid = postmaster_pid(pgdata)?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let ours = String::from_utf8_lossy(&cmdline).contains(&*pgdata.to_string_lossy());
+    if !ours {
+        return None;
     }
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+    Some(pid)
+}
+
+fn postmaster_pid(pgdata: &Path) -> Option<u32> {
+    std::fs::read_to_string(pgdata.join("postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
@@ -449,6 +484,7 @@ mod tests {
         assert_eq!(cluster.primary_port().unwrap(), first);
         cluster.rejoin(&lost).unwrap();
         cluster.kill_primary_postmaster().unwrap();
+        cluster.wait_healthy(Duration::from_secs(90)).unwrap();
         cluster.primary_port().unwrap();
         let root = cluster.root.clone();
         drop(cluster);

@@ -264,12 +264,15 @@ pub async fn run<S: ExchangeStore>(
     let posts = server.log();
     let (duplicate_posts, mut duplicates_explained) =
         duplicate_sends(&posts, &kills, kill.lease, kill.send_timeout);
-    for (first, later) in unexplained_duplicates(&posts, &kills, kill.lease, kill.send_timeout) {
-        // The first send's own worker gave up on it (its timeout fired: the partner's answer,
-        // ready in time at the partner, reached the worker late on a loaded machine) and
-        // retried under the same key, as the exchange does after an ambiguous failure
-        // (ADR 0003): the job's error history holds a retry for that generation.
-        if gave_up_on(&store, first).await? {
+    for (first, previous, later) in
+        unexplained_duplicates(&posts, &kills, kill.lease, kill.send_timeout)
+    {
+        // The previous send's own worker gave up on it (its timeout fired: the partner's
+        // answer, ready in time at the partner, reached the worker late on a loaded machine)
+        // and retried under the same key, as the exchange does after an ambiguous failure
+        // (ADR 0003): the job's error history holds a retry for that send's generation, and
+        // the later POST is the same job's, from a later claim.
+        if gave_up_on(&store, previous, later).await? {
             duplicates_explained += 1;
         } else {
             println!(
@@ -297,15 +300,20 @@ pub async fn run<S: ExchangeStore>(
     })
 }
 
-/// Whether the worker of `post`'s attempt ended it with a retry (the job's error history has a
-/// retry under that attempt's generation).
+/// Whether `later` is the same job sent again by a later claim after the worker of
+/// `previous`'s attempt ended that attempt with a retry (the job's error history has a retry
+/// under `previous`'s generation).
 async fn gave_up_on<S: ExchangeStore>(
     store: &S,
-    post: &crate::exchange::partner_server::PostRecord,
+    previous: &crate::exchange::partner_server::PostRecord,
+    later: &crate::exchange::partner_server::PostRecord,
 ) -> Result<bool, ExchangeError> {
-    let (Some(job), Some(generation)) = (post.job_id, post.generation) else {
+    let (Some(job), Some(generation)) = (previous.job_id, previous.generation) else {
         return Ok(false);
     };
+    if later.job_id != Some(job) || later.generation.is_none_or(|g| g <= generation) {
+        return Ok(false);
+    }
     let Some(record) = queue_core::Backend::get(store.queue(), queue_core::JobId(job)).await?
     else {
         return Ok(false);
