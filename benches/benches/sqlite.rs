@@ -57,12 +57,20 @@ async fn claim_and_put_back<B: Backend>(
 }
 
 fn backends(c: &mut Criterion) {
+    // The claim of 10 timed, then the batched finalize of 100 timed, each at 1k and 100k due rows.
+    group(c, "backend_claim_10", 10, true);
+    group(c, "backend_finalize_100", 100, false);
+}
+
+/// One group: `batch` claimed and put back on SQLite and on PostgreSQL, at 1k and 100k due
+/// rows; the claim timed when `time_claim`, else the finalize.
+fn group(c: &mut Criterion, name: &str, batch: u32, time_claim: bool) {
     let rt = runtime();
-    let mut claim = c.benchmark_group("backend_claim_10");
-    claim
+    let mut group = c.benchmark_group(name);
+    group
         .sample_size(30)
         .measurement_time(Duration::from_secs(4));
-    claim.throughput(Throughput::Elements(10));
+    group.throughput(Throughput::Elements(u64::from(batch)));
     let shapes: [(&str, u64); 2] = [("due_1k", 1_000), ("due_100k", 100_000)];
     for (label, due) in shapes {
         let sqlite = rt.block_on(benches::ScratchSqlite::new(label));
@@ -70,40 +78,17 @@ fn backends(c: &mut Criterion) {
         let db = rt.block_on(benches::scratch_db());
         rt.block_on(benches::load(&db.pool, due, 0));
         let pg = rt.block_on(benches::queue(&db.pool));
-        claim.bench_function(BenchmarkId::new("sqlite", label), |b| {
+        group.bench_function(BenchmarkId::new("sqlite", label), |b| {
             b.to_async(&rt)
-                .iter_custom(|iters| claim_and_put_back(&sqlite.queue, 10, iters, true))
+                .iter_custom(|iters| claim_and_put_back(&sqlite.queue, batch, iters, time_claim))
         });
-        claim.bench_function(BenchmarkId::new("postgres", label), |b| {
+        group.bench_function(BenchmarkId::new("postgres", label), |b| {
             b.to_async(&rt)
-                .iter_custom(|iters| claim_and_put_back(&pg, 10, iters, true))
-        });
-        rt.block_on(db.drop_db());
-    }
-    claim.finish();
-
-    let mut finalize = c.benchmark_group("backend_finalize_100");
-    finalize
-        .sample_size(30)
-        .measurement_time(Duration::from_secs(4));
-    finalize.throughput(Throughput::Elements(100));
-    for (label, due) in shapes {
-        let sqlite = rt.block_on(benches::ScratchSqlite::new(label));
-        rt.block_on(sqlite.load(due, 0));
-        let db = rt.block_on(benches::scratch_db());
-        rt.block_on(benches::load(&db.pool, due, 0));
-        let pg = rt.block_on(benches::queue(&db.pool));
-        finalize.bench_function(BenchmarkId::new("sqlite", label), |b| {
-            b.to_async(&rt)
-                .iter_custom(|iters| claim_and_put_back(&sqlite.queue, 100, iters, false))
-        });
-        finalize.bench_function(BenchmarkId::new("postgres", label), |b| {
-            b.to_async(&rt)
-                .iter_custom(|iters| claim_and_put_back(&pg, 100, iters, false))
+                .iter_custom(|iters| claim_and_put_back(&pg, batch, iters, time_claim))
         });
         rt.block_on(db.drop_db());
     }
-    finalize.finish();
+    group.finish();
 }
 
 criterion_group!(benches, backends);

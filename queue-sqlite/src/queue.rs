@@ -849,6 +849,23 @@ impl SqliteQueue {
         Ok(ClaimBatch { jobs })
     }
 
+    /// The status job `id` of this queue is in now, on `conn` (`None`: no such job): what a
+    /// cancel or a retry that changed nothing reports.
+    async fn status_now(
+        &self,
+        conn: &mut SqliteConnection,
+        id: JobId,
+    ) -> Result<Option<JobStatus>, SqliteError> {
+        let status: Option<String> =
+            sqlx::query_scalar(AssertSqlSafe(self.inner.sql.status_of.as_str()))
+                .bind(id.0)
+                .bind(self.queue_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        status.map(|s| status_of(id.0, &s)).transpose()
+    }
+
     /// The fenced write of one outcome, on a connection inside a write transaction.
     async fn finalize_one(
         &self,
@@ -1068,15 +1085,9 @@ impl Backend for SqliteQueue {
         if requested.rows_affected() > 0 {
             return Ok(CancelTarget::Requested);
         }
-        let status: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.status_of.as_str()))
-            .bind(id.0)
-            .bind(self.queue_str())
-            .fetch_optional(tx.conn())
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(match status {
+        Ok(match self.status_now(tx.conn(), id).await? {
             None => CancelTarget::NotFound,
-            Some(status) => CancelTarget::AlreadyTerminal(status_of(id.0, &status)?),
+            Some(status) => CancelTarget::AlreadyTerminal(status),
         })
     }
 
@@ -1222,15 +1233,9 @@ impl queue_core::Admin for SqliteQueue {
             tx.wake = Some(self.inner.wake.clone());
             return Ok(RetryTarget::Retried(Box::new(record(&row)?)));
         }
-        let status: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.status_of.as_str()))
-            .bind(id.0)
-            .bind(self.queue_str())
-            .fetch_optional(tx.conn())
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(match status {
+        Ok(match self.status_now(tx.conn(), id).await? {
             None => RetryTarget::NotFound,
-            Some(status) => RetryTarget::WrongState(status_of(id.0, &status)?),
+            Some(status) => RetryTarget::WrongState(status),
         })
     }
 

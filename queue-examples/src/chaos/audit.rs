@@ -428,6 +428,23 @@ pub(crate) fn explained_by(
     })
 }
 
+/// The POSTs a partner accepted, grouped by idempotency key, each group in arrival order.
+fn accepted_by_key(posts: &[PostRecord]) -> Vec<Vec<&PostRecord>> {
+    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
+    for post in posts.iter().filter(|p| p.accepted()) {
+        if let Some(key) = post.key.as_deref() {
+            by_key.entry(key).or_default().push(post);
+        }
+    }
+    by_key
+        .into_values()
+        .map(|mut accepted| {
+            accepted.sort_by_key(|p| p.arrived);
+            accepted
+        })
+        .collect()
+}
+
 /// The accepted POSTs beyond the first of their key that [`explained_by`] ties to no fault, each
 /// as `(first, previous, later)`: the first POST of its key, the accepted one just before it,
 /// and itself.
@@ -437,15 +454,8 @@ pub(crate) fn unexplained_duplicates<'a>(
     lease: Duration,
     send_timeout: Duration,
 ) -> Vec<(&'a PostRecord, &'a PostRecord, &'a PostRecord)> {
-    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
-    for post in posts.iter().filter(|p| p.accepted()) {
-        if let Some(key) = post.key.as_deref() {
-            by_key.entry(key).or_default().push(post);
-        }
-    }
     let mut found = Vec::new();
-    for accepted in by_key.values_mut() {
-        accepted.sort_by_key(|p| p.arrived);
+    for accepted in accepted_by_key(posts) {
         let first = accepted[0];
         for pair in accepted.windows(2) {
             let (previous, later) = (pair[0], pair[1]);
@@ -500,15 +510,8 @@ pub(crate) fn duplicate_sends(
     lease: Duration,
     send_timeout: Duration,
 ) -> (u64, u64) {
-    let mut by_key: HashMap<&str, Vec<&PostRecord>> = HashMap::new();
-    for post in posts.iter().filter(|p| p.accepted()) {
-        if let Some(key) = post.key.as_deref() {
-            by_key.entry(key).or_default().push(post);
-        }
-    }
     let (mut duplicates, mut explained) = (0, 0);
-    for accepted in by_key.values_mut() {
-        accepted.sort_by_key(|p| p.arrived);
+    for accepted in accepted_by_key(posts) {
         for later in accepted.iter().skip(1) {
             duplicates += 1;
             if explained_by(accepted[0], later, faults, lease, send_timeout) {
