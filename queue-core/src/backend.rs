@@ -22,6 +22,27 @@ pub trait BackendTx: Send + 'static {
     fn commit(self) -> impl Future<Output = Result<()>> + Send;
     /// Discards everything done in the transaction.
     fn rollback(self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Marks the point that [`BackendTx::rollback_to_savepoint`] returns to: how one
+    /// transaction finalizes many jobs with their hooks, each job's writes undone alone when
+    /// its hook fails. Savepoints nest; the latest is the one rolled back to. Only for a
+    /// backend whose [`Backend::savepoints`] is true; refused by default.
+    fn savepoint(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Err(no_savepoints()) }
+    }
+
+    /// Undoes everything done since the latest [`BackendTx::savepoint`], which stays set; the
+    /// transaction goes on (after a failed statement too). Refused by default.
+    fn rollback_to_savepoint(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Err(no_savepoints()) }
+    }
+}
+
+fn no_savepoints() -> crate::error::Error {
+    crate::error::Error::Backend {
+        source: "this backend's transactions have no savepoints".into(),
+        transient: false,
+    }
 }
 
 /// A queue's storage: one queue (a queue name in a table) of one backend.
@@ -99,12 +120,65 @@ pub trait Backend: Clone + Send + Sync + 'static {
         }
     }
 
+    /// [`Backend::finalize_many`] inside `tx`: how many outcomes and their hooks share one
+    /// transaction. By default [`Backend::finalize_in`] for each item in turn.
+    fn finalize_many_in(
+        &self,
+        tx: &mut Self::Tx,
+        items: &[(Claim, Finalize)],
+    ) -> impl Future<Output = Result<Vec<FinalizeOutcome>>> + Send {
+        async move {
+            crate::limits::check_batch(items)?;
+            let mut outcomes = Vec::with_capacity(items.len());
+            for (claim, action) in items {
+                outcomes.push(self.finalize_in(tx, *claim, action).await?);
+            }
+            Ok(outcomes)
+        }
+    }
+
     /// Applies many fenced writes at once (one statement where the backend can), one outcome per
     /// item in input order. For jobs without hooks; each item is fenced on its own.
     fn finalize_many(
         &self,
         items: &[(Claim, Finalize)],
     ) -> impl Future<Output = Result<Vec<FinalizeOutcome>>> + Send;
+
+    /// Writes `items` as [`Backend::finalize_many`] does, then claims as [`Backend::claim`]
+    /// does: in one statement and one commit where the backend says so
+    /// ([`Backend::fuses_claims`]), so that a busy worker pays one round trip per batch
+    /// instead of two. A job among `items` is never taken over by the same call (its outcome is
+    /// written instead). The outcomes come back in input order, as `finalize_many`'s.
+    ///
+    /// An error means nothing is known of either part: the outcomes may have been written (a
+    /// lost reply, or by default a claim that failed after the writes), and must be written
+    /// again and their refusals checked, as after any lost reply. By default the two calls,
+    /// one after the other.
+    fn finalize_and_claim(
+        &self,
+        items: &[(Claim, Finalize)],
+        request: ClaimRequest,
+    ) -> impl Future<Output = Result<(Vec<FinalizeOutcome>, ClaimBatch)>> + Send {
+        async move {
+            let written = self.finalize_many(items).await?;
+            let batch = self.claim(request).await?;
+            Ok((written, batch))
+        }
+    }
+
+    /// Whether this backend's transactions have savepoints ([`BackendTx::savepoint`]): then a
+    /// worker writes the outcomes of jobs with hooks many to a transaction, one savepoint per
+    /// job. False by default.
+    fn savepoints(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Backend::finalize_and_claim`] is one statement: then a worker carries its
+    /// batched outcomes with its next claim ([`crate::WorkerConfig::fuse_claims`]). False by
+    /// default.
+    fn fuses_claims(&self) -> bool {
+        false
+    }
 
     /// Heartbeat: the job is held for `lease` more from now, by the backend's clock
     /// (`lease_expires_at`, and `claimed_at` restamped). Fenced like a finalizer:

@@ -20,7 +20,8 @@ use crate::backend::{Backend, BackendTx};
 use crate::error::{BoxError, Error, Result};
 use crate::events;
 use crate::types::{
-    CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, ClaimedJob, Finalize, FinalizeOutcome,
+    CANCELLED_BY_OPERATOR, CancelOutcome, CancelTarget, Claim, ClaimedJob, Finalize,
+    FinalizeOutcome,
 };
 
 /// A job's payload as a hook sees it.
@@ -131,6 +132,30 @@ pub trait FinalizeHook<Tx, P>: Send + Sync + 'static {
         let _ = (tx, event);
         async { Ok(()) }
     }
+
+    /// Runs inside one transaction for many jobs whose fenced writes all applied (a worker
+    /// writing outcomes in batches), in order: override it to write a whole batch's rows in
+    /// one statement. By default [`FinalizeHook::after_applied`] for each event in turn. An
+    /// error rolls the whole transaction back; the worker then writes each job again with a
+    /// savepoint of its own, through `after_applied`, so that only the job whose hook fails
+    /// waits. A hook may thus see a job again after a rolled-back try: keep its effects
+    /// inside the transaction.
+    fn after_applied_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[FinalizeEvent<'_, P>],
+    ) -> impl Future<Output = Result<(), BoxError>> + Send
+    where
+        Tx: Send,
+        P: Sync,
+    {
+        async move {
+            for event in events {
+                self.after_applied(tx, event).await?;
+            }
+            Ok(())
+        }
+    }
 }
 
 type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'a>>;
@@ -140,9 +165,14 @@ trait DynHook<Tx, P>: Send + Sync {
     fn name(&self) -> &str;
     fn run<'a>(&'a self, tx: &'a mut Tx, event: &'a FinalizeEvent<'a, P>) -> HookFuture<'a>;
     fn run_reopened<'a>(&'a self, tx: &'a mut Tx, event: &'a ReopenEvent<'a, P>) -> HookFuture<'a>;
+    fn run_batch<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        events: &'a [FinalizeEvent<'a, P>],
+    ) -> HookFuture<'a>;
 }
 
-impl<Tx, P, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
+impl<Tx: Send, P: Sync, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
     fn name(&self) -> &str {
         FinalizeHook::name(self)
     }
@@ -153,6 +183,14 @@ impl<Tx, P, T: FinalizeHook<Tx, P>> DynHook<Tx, P> for T {
 
     fn run_reopened<'a>(&'a self, tx: &'a mut Tx, event: &'a ReopenEvent<'a, P>) -> HookFuture<'a> {
         Box::pin(self.after_reopened(tx, event))
+    }
+
+    fn run_batch<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        events: &'a [FinalizeEvent<'a, P>],
+    ) -> HookFuture<'a> {
+        Box::pin(self.after_applied_batch(tx, events))
     }
 }
 
@@ -168,12 +206,20 @@ impl<Tx, P> Hooks<Tx, P> {
     }
 
     /// Adds a hook after the existing ones.
-    pub fn push(&mut self, hook: impl FinalizeHook<Tx, P>) {
+    pub fn push(&mut self, hook: impl FinalizeHook<Tx, P>)
+    where
+        Tx: Send,
+        P: Sync,
+    {
         self.hooks.push(Arc::new(hook));
     }
 
     /// Adds a hook, builder style.
-    pub fn with(mut self, hook: impl FinalizeHook<Tx, P>) -> Self {
+    pub fn with(mut self, hook: impl FinalizeHook<Tx, P>) -> Self
+    where
+        Tx: Send,
+        P: Sync,
+    {
         self.push(hook);
         self
     }
@@ -195,6 +241,20 @@ impl<Tx, P> Hooks<Tx, P> {
                 hook: hook.name().to_owned(),
                 source,
             })?;
+        }
+        Ok(())
+    }
+
+    /// Runs every hook in order inside `tx` for `events`, each hook once for all of them
+    /// ([`FinalizeHook::after_applied_batch`]).
+    pub async fn run_batch(&self, tx: &mut Tx, events: &[FinalizeEvent<'_, P>]) -> Result<()> {
+        for hook in &self.hooks {
+            hook.run_batch(tx, events)
+                .await
+                .map_err(|source| Error::Hook {
+                    hook: hook.name().to_owned(),
+                    source,
+                })?;
         }
         Ok(())
     }
@@ -330,4 +390,173 @@ where
     }
     tx.commit().await?;
     Ok(FinalizeOutcome::Applied)
+}
+
+/// Fenced writes of many jobs with `hooks`, in one transaction and one commit. First all at
+/// once: one batched write ([`Backend::finalize_many_in`]) and each hook once for every job
+/// that applied ([`FinalizeHook::after_applied_batch`]). If a hook refuses that, the
+/// transaction is rolled back and the jobs are written again in a new one, a savepoint before
+/// each: a job whose hook fails is rolled back to its savepoint alone (its answer is that
+/// hook's error) and the others commit. Answers in input order. An error of the whole call
+/// (beginning, a fenced write, a savepoint, the commit) means nothing is known: the commit
+/// may have applied every write. For a backend with [`Backend::savepoints`].
+pub(crate) async fn finalize_batch<B, P>(
+    backend: &B,
+    hooks: &Hooks<B::Tx, P>,
+    items: &[(&ClaimedJob, &Finalize)],
+) -> Result<Vec<Result<FinalizeOutcome>>>
+where
+    B: Backend,
+    P: DeserializeOwned + Sync,
+{
+    let parsed: Vec<Option<P>> = items
+        .iter()
+        .map(|(job, _)| P::deserialize(&job.payload).ok())
+        .collect();
+    let event = |i: usize| FinalizeEvent {
+        job: items[i].0,
+        payload: parsed[i]
+            .as_ref()
+            .map_or(Payload::Malformed, Payload::Parsed),
+        action: items[i].1,
+    };
+    let writes: Vec<(Claim, Finalize)> = items
+        .iter()
+        .map(|(job, action)| (job.claim(), (*action).clone()))
+        .collect();
+    let mut tx = backend.begin().await?;
+    let outcomes = backend.finalize_many_in(&mut tx, &writes).await?;
+    let applied: Vec<FinalizeEvent<'_, P>> = (0..items.len())
+        .filter(|&i| outcomes[i] == FinalizeOutcome::Applied)
+        .map(event)
+        .collect();
+    match hooks.run_batch(&mut tx, &applied).await {
+        Ok(()) => {
+            tx.commit().await?;
+            return Ok(outcomes.into_iter().map(Ok).collect());
+        }
+        Err(Error::Hook { .. }) => {
+            // Which job the hook refused is not known: each gets a savepoint of its own.
+            let _ = tx.rollback().await;
+        }
+        Err(err) => return Err(err),
+    }
+    let mut tx = backend.begin().await?;
+    let mut answers = Vec::with_capacity(items.len());
+    for (i, &(job, action)) in items.iter().enumerate() {
+        tx.savepoint().await?;
+        if backend.finalize_in(&mut tx, job.claim(), action).await? == FinalizeOutcome::Stale {
+            answers.push(Ok(FinalizeOutcome::Stale));
+            continue;
+        }
+        match hooks.run(&mut tx, &event(i)).await {
+            Ok(()) => answers.push(Ok(FinalizeOutcome::Applied)),
+            Err(err) => {
+                tx.rollback_to_savepoint().await?;
+                answers.push(Err(err));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::memory::{MemoryBackend, MemoryTx};
+    use crate::types::{ClaimRequest, JobStatus, Lease, NewJob};
+
+    /// Records each batch it is given (the jobs' `n`), and refuses a batch holding `refuse`
+    /// once.
+    #[derive(Clone, Default)]
+    struct Batches {
+        seen: Arc<Mutex<Vec<Vec<i64>>>>,
+        refuse: Option<i64>,
+        refused: Arc<Mutex<bool>>,
+    }
+
+    impl FinalizeHook<MemoryTx, Value> for Batches {
+        async fn after_applied(
+            &self,
+            tx: &mut MemoryTx,
+            event: &FinalizeEvent<'_, Value>,
+        ) -> Result<(), BoxError> {
+            self.after_applied_batch(tx, std::slice::from_ref(event)).await
+        }
+
+        async fn after_applied_batch(
+            &self,
+            _tx: &mut MemoryTx,
+            events: &[FinalizeEvent<'_, Value>],
+        ) -> Result<(), BoxError> {
+            let ns: Vec<i64> = events
+                .iter()
+                .map(|e| e.job.payload["n"].as_i64().unwrap())
+                .collect();
+            if let Some(refuse) = self.refuse
+                && ns.contains(&refuse)
+                && !std::mem::replace(&mut *self.refused.lock().unwrap(), true)
+            {
+                return Err("refused once".into());
+            }
+            self.seen.lock().unwrap().push(ns);
+            Ok(())
+        }
+    }
+
+    async fn claimed(backend: &MemoryBackend, n: usize) -> Vec<ClaimedJob> {
+        let jobs = (0..n as i64)
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        backend.enqueue_many(jobs).await.unwrap();
+        let request = ClaimRequest::new(n as u32, Lease::DEFAULT);
+        backend.claim(request).await.unwrap().jobs
+    }
+
+    #[tokio::test]
+    async fn a_batch_runs_each_hook_once_for_every_job_that_applied() {
+        let backend = MemoryBackend::new();
+        let jobs = claimed(&backend, 3).await;
+        let stale = Claim {
+            token: crate::ClaimToken(jobs[1].token.0 ^ 1),
+            ..jobs[1].claim()
+        };
+        let hook = Batches::default();
+        let hooks = Hooks::new().with(hook.clone());
+        let mut ghost = jobs[1].clone();
+        ghost.token = stale.token;
+        let complete = Finalize::Complete;
+        let items = [(&jobs[0], &complete), (&ghost, &complete), (&jobs[2], &complete)];
+        let answers = finalize_batch(&backend, &hooks, &items).await.unwrap();
+        let answers: Vec<FinalizeOutcome> = answers.into_iter().map(Result::unwrap).collect();
+        use FinalizeOutcome::{Applied, Stale};
+        assert_eq!(answers, [Applied, Stale, Applied]);
+        assert_eq!(*hook.seen.lock().unwrap(), [vec![0, 2]]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_written_again_a_savepoint_per_job() {
+        let backend = MemoryBackend::new();
+        let jobs = claimed(&backend, 3).await;
+        let hook = Batches {
+            refuse: Some(1),
+            ..Batches::default()
+        };
+        let hooks = Hooks::new().with(hook.clone());
+        let complete = Finalize::Complete;
+        let items: Vec<(&ClaimedJob, &Finalize)> = jobs.iter().map(|j| (j, &complete)).collect();
+        let answers = finalize_batch(&backend, &hooks, &items).await.unwrap();
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        // Refused once as a batch, then one job at a time.
+        assert_eq!(*hook.seen.lock().unwrap(), [vec![0], vec![1], vec![2]]);
+        for job in &jobs {
+            let record = backend.get(job.id).await.unwrap().unwrap();
+            assert_eq!(record.status, JobStatus::Completed);
+        }
+    }
 }

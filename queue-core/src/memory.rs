@@ -374,6 +374,8 @@ pub struct MemoryTx {
     undo: Vec<(i64, Option<JobRecord>)>,
     on_commit: Vec<Effect>,
     on_rollback: Vec<Effect>,
+    /// Each savepoint: how long `undo`, `on_commit` and `on_rollback` were when it was set.
+    savepoints: Vec<(usize, usize, usize)>,
     wake: Option<Arc<Notify>>,
     now: DateTime<Utc>,
 }
@@ -408,6 +410,22 @@ impl MemoryTx {
 
     fn state(&mut self) -> &mut State {
         self.state.as_mut().expect("transaction already finished")
+    }
+
+    /// Undoes what was done since the latest savepoint; the savepoint stays.
+    fn undo_to_savepoint(&mut self) {
+        let Some(&(undo, commit, rollback)) = self.savepoints.last() else {
+            return;
+        };
+        if let Some(state) = self.state.as_mut() {
+            for (id, row) in self.undo.drain(undo..).rev() {
+                state.put(id, row);
+            }
+        }
+        self.on_commit.truncate(commit);
+        for undo in self.on_rollback.drain(rollback..).rev() {
+            undo();
+        }
     }
 
     fn undo_all(&mut self) {
@@ -448,10 +466,29 @@ impl BackendTx for MemoryTx {
         self.undo_all();
         Ok(())
     }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        let mark = (
+            self.undo.len(),
+            self.on_commit.len(),
+            self.on_rollback.len(),
+        );
+        self.savepoints.push(mark);
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        self.undo_to_savepoint();
+        Ok(())
+    }
 }
 
 impl Backend for MemoryBackend {
     type Tx = MemoryTx;
+
+    fn savepoints(&self) -> bool {
+        true
+    }
 
     fn queue(&self) -> &QueueName {
         &self.queue
@@ -502,6 +539,7 @@ impl Backend for MemoryBackend {
             undo: Vec::new(),
             on_commit: Vec::new(),
             on_rollback: Vec::new(),
+            savepoints: Vec::new(),
             wake: None,
             now: self.now(),
         })

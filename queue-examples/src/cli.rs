@@ -232,6 +232,10 @@ pub struct DemoArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Write each send's outcome in a transaction of its own (the default writes them many
+    /// to a transaction, a savepoint per send).
+    #[arg(long)]
+    pub one_transaction_per_send: bool,
     /// Run as one of --kill's worker processes (started by the demo itself).
     #[arg(long, hide = true)]
     pub worker: bool,

@@ -17,7 +17,7 @@ use crate::driver::{Column, Driver, Params};
 use crate::error::PgError;
 use crate::ident::TableName;
 use crate::schema;
-use crate::sql::Sql;
+use crate::sql::{self, Sql};
 use crate::statement::{self, EnqueueTarget};
 use crate::wake::ListenerGuard;
 
@@ -317,11 +317,52 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         Ok(self.finalize_pooled(&[(claim, action.clone())]).await?[0])
     }
 
+    async fn finalize_many_in(
+        &self,
+        tx: &mut PostgresTx<D>,
+        items: &[(Claim, Finalize)],
+    ) -> queue_core::Result<Vec<FinalizeOutcome>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.finalize_with(tx.conn(), items).await?)
+    }
+
     async fn finalize_many(
         &self,
         items: &[(Claim, Finalize)],
     ) -> queue_core::Result<Vec<FinalizeOutcome>> {
         Ok(self.finalize_pooled(items).await?)
+    }
+
+    async fn finalize_and_claim(
+        &self,
+        items: &[(Claim, Finalize)],
+        request: ClaimRequest,
+    ) -> queue_core::Result<(Vec<FinalizeOutcome>, ClaimBatch)> {
+        if items.is_empty() {
+            return Ok((Vec::new(), self.claim_jobs(&request).await?));
+        }
+        queue_core::limits::check_batch(items)?;
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let (written, jobs) = statement::finalize_claim::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            items,
+            &request,
+        )
+        .await?;
+        Ok((written, ClaimBatch { jobs }))
+    }
+
+    fn fuses_claims(&self) -> bool {
+        true
+    }
+
+    fn savepoints(&self) -> bool {
+        true
     }
 
     async fn extend_lease(&self, claim: Claim, lease: Lease) -> queue_core::Result<Heartbeat> {
@@ -432,6 +473,15 @@ impl<D: Driver> BackendTx for PostgresTx<D> {
 
     async fn rollback(self) -> queue_core::Result<()> {
         Ok(D::rollback(self.tx).await?)
+    }
+
+    async fn savepoint(&mut self) -> queue_core::Result<()> {
+        Ok(D::batch_execute(D::in_tx(&mut self.tx), sql::SAVEPOINT.text).await?)
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> queue_core::Result<()> {
+        let text = sql::ROLLBACK_TO_SAVEPOINT.text;
+        Ok(D::batch_execute(D::in_tx(&mut self.tx), text).await?)
     }
 }
 

@@ -29,7 +29,11 @@ macro_rules! template {
 pub(crate) const ENQUEUE: Template = template!("enqueue.sql");
 pub(crate) const NOTIFY: Template = template!("notify.sql");
 pub(crate) const CLAIM: Template = template!("claim.sql");
+pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
+pub(crate) const FINALIZE_CLAIM: Template = template!("finalize_claim.sql");
 pub(crate) const FINALIZE: Template = template!("finalize.sql");
+pub(crate) const SAVEPOINT: Template = template!("savepoint.sql");
+pub(crate) const ROLLBACK_TO_SAVEPOINT: Template = template!("rollback_to_savepoint.sql");
 pub(crate) const EXTEND_LEASE: Template = template!("extend_lease.sql");
 pub(crate) const CANCEL: Template = template!("cancel.sql");
 pub(crate) const GET: Template = template!("get.sql");
@@ -205,6 +209,65 @@ pub(crate) fn for_table_with(
     render(template, &values)
 }
 
+/// `claim.sql` for `table`, with `claim_picks.sql` rendered in.
+pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
+    let picks = for_table(CLAIM_PICKS, table)?;
+    for_table_with(CLAIM, table, &[("claim_picks", &picks)])
+}
+
+/// The parameters of `finalize.sql` that `finalize_claim.sql` puts before the claim's.
+pub(crate) const FINALIZE_PARAMS: usize = 10;
+
+/// `finalize_claim.sql` for `table`: `finalize.sql`, then `claim_picks.sql` with its
+/// parameters numbered after finalize's.
+pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
+    let finalize = for_table(FINALIZE, table)?;
+    let picks = shift_params(&for_table(CLAIM_PICKS, table)?, FINALIZE_PARAMS);
+    for_table_with(
+        FINALIZE_CLAIM,
+        table,
+        &[("finalize", &finalize), ("claim_picks", &picks)],
+    )
+}
+
+/// Renumbers every parameter (`$n`) of `sql` to `$(n + by)`, leaving comments and string
+/// literals alone: how one statement's text serves inside another whose parameters come
+/// first.
+fn shift_params(sql: &str, by: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut chars = sql.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '-' if sql[at..].starts_with("--") => {
+                let end = sql[at..].find('\n').map_or(sql.len(), |n| at + n);
+                out.push_str(&sql[at..end]);
+                while chars.peek().is_some_and(|&(i, _)| i < end) {
+                    chars.next();
+                }
+            }
+            '\'' => {
+                out.push(c);
+                for (_, inner) in chars.by_ref() {
+                    out.push(inner);
+                    if inner == '\'' {
+                        break;
+                    }
+                }
+            }
+            '$' if chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) => {
+                let mut number = 0;
+                while let Some(&(_, d)) = chars.peek().filter(|(_, d)| d.is_ascii_digit()) {
+                    number = number * 10 + (d as usize - '0' as usize);
+                    chars.next();
+                }
+                out.push_str(&format!("${}", number + by));
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// The `AND status IN (…)` of `list_jobs.sql` for `statuses` (empty: no filter). The literals
 /// come from [`JobStatus::as_str`] only, so the planner sees them and can pick the partial
 /// index they match.
@@ -220,7 +283,7 @@ fn status_filter(statuses: &[JobStatus]) -> String {
 }
 
 /// The first line of `claim.sql`, which every running claim statement's text starts with
-/// (`claims_running.sql` finds them by it).
+/// (`claims_running.sql` finds them by it; `finalize_claim.sql` starts with it too).
 pub(crate) fn claim_first_line() -> &'static str {
     CLAIM.text.lines().next().unwrap_or_default()
 }
@@ -232,6 +295,7 @@ pub(crate) struct Sql {
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) finalize: Arc<str>,
+    pub(crate) finalize_claim: Arc<str>,
     pub(crate) extend_lease: Arc<str>,
     pub(crate) cancel: Arc<str>,
     pub(crate) get: Arc<str>,
@@ -256,8 +320,9 @@ impl Sql {
         Ok(Sql {
             enqueue: r(ENQUEUE)?,
             notify: r(NOTIFY)?,
-            claim: r(CLAIM)?,
+            claim: claim(table)?.into(),
             finalize: r(FINALIZE)?,
+            finalize_claim: finalize_claim(table)?.into(),
             extend_lease: r(EXTEND_LEASE)?,
             cancel: r(CANCEL)?,
             get: r(GET)?,
@@ -308,7 +373,7 @@ mod tests {
     /// protocol and needs the conformance suite extended, not this test edited away.
     #[test]
     fn claim_statement_keeps_the_lease_protocol() {
-        let claim = squash(&queue_jobs(CLAIM));
+        let claim = squash(&claim(&TableName::default()).unwrap());
         for needle in [
             "status = 'pending' AND next_attempt_at <= now()",
             "(lease_expires_at < now() OR lease_expires_at IS NULL) AND (lease_generation = claim_generation OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))",
@@ -363,6 +428,35 @@ mod tests {
             assert!(!text.contains("{{"), "{text}");
         }
         assert!(sql.get.contains("SELECT id, queue, status, payload"));
+    }
+
+    /// The fused statement is the claim and the finalize, word for word, with the claim's
+    /// parameters after the finalize's; and it is found as a claim by a drain.
+    #[test]
+    fn the_fused_statement_is_the_claim_and_the_finalize() {
+        let table = TableName::default();
+        let fused = squash(&finalize_claim(&table).unwrap());
+        assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
+        let picks = squash(&queue_jobs(CLAIM_PICKS));
+        assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
+        assert!(fused.contains("queue = $11 AND status = 'pending'"));
+        assert!(fused.contains("AND id <> ALL($17::bigint[])"));
+        assert!(fused.contains("claim_token = $16,"));
+        for n in 1..=17 {
+            assert!(fused.contains(&format!("${n}")), "${n} unused");
+        }
+        assert!(!fused.contains("$18") && !fused.contains("$0"));
+        let first = finalize_claim(&table).unwrap();
+        assert!(first.starts_with(claim_first_line()));
+        assert!(claim(&table).unwrap().starts_with(claim_first_line()));
+    }
+
+    #[test]
+    fn parameters_shift_outside_comments_and_literals() {
+        assert_eq!(
+            shift_params("a = $1 -- $2\nAND b = '$3' AND c = $12", 10),
+            "a = $11 -- $2\nAND b = '$3' AND c = $22"
+        );
     }
 
     #[test]

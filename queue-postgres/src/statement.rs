@@ -72,9 +72,61 @@ pub(crate) async fn claim<D: Driver>(
         i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
         request.holder.as_deref(),
         ClaimToken::random().0,
+        Vec::<i64>::new(),
     );
     let rows = D::query(conn, &sql.claim, &params).await?;
     rows.iter().map(claimed_job::<D>).collect()
+}
+
+/// `finalize_claim.sql`: the outcomes of `items` (as [`finalize`]) and a claim (as [`claim`])
+/// in one statement.
+pub(crate) async fn finalize_claim<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    items: &[(Claim, Finalize)],
+    request: &ClaimRequest,
+) -> Result<(Vec<FinalizeOutcome>, Vec<ClaimedJob>), PgError> {
+    let c = FinalizeColumns::new(items);
+    let params = (
+        &c.ids,
+        &c.generations,
+        &c.statuses,
+        &c.give_backs,
+        &c.run_ats,
+        &c.delays,
+        &c.errors,
+        &c.terminals,
+        &c.kinds,
+        &c.tokens,
+        queue.as_str(),
+        i64::from(request.batch_size.max(1)),
+        request.lease.as_secs_f64(),
+        i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
+        request.holder.as_deref(),
+        ClaimToken::random().0,
+        &c.ids,
+    );
+    let rows = D::query(conn, &sql.finalize_claim, &params).await?;
+    let mut applied = Vec::new();
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if get::<D, bool>(row, "finalized")? {
+            applied.push(applied_write::<D>(row)?);
+        } else {
+            jobs.push(claimed_job::<D>(row)?);
+        }
+    }
+    Ok((encode::outcomes(items, applied), jobs))
+}
+
+/// A row of the writes that applied: `(id, generation, token)`.
+fn applied_write<D: Driver>(row: &D::Row) -> Result<(i64, i64, i64), PgError> {
+    Ok((
+        get::<D, i64>(row, "id")?,
+        get::<D, i64>(row, "claim_generation")?,
+        get::<D, i64>(row, "claim_token")?,
+    ))
 }
 
 /// `finalize.sql`: one outcome per item, in order; an item repeated in one call applies at
@@ -103,13 +155,7 @@ pub(crate) async fn finalize<D: Driver>(
     let applied = D::query(conn, &sql.finalize, &params)
         .await?
         .iter()
-        .map(|row| {
-            Ok((
-                get::<D, i64>(row, "id")?,
-                get::<D, i64>(row, "claim_generation")?,
-                get::<D, i64>(row, "claim_token")?,
-            ))
-        })
+        .map(applied_write::<D>)
         .collect::<Result<Vec<_>, PgError>>()?;
     Ok(encode::outcomes(items, applied))
 }

@@ -34,6 +34,8 @@ per_driver!(
     connecting_to_a_stopped_server_is_a_transient_error,
     a_worker_without_listen_finds_work_by_polling,
     a_refused_outcome_costs_only_its_own_job,
+    a_refused_outcome_carried_with_a_claim_costs_only_its_own_job,
+    workers_carrying_outcomes_with_claims_run_each_job_once,
     a_claim_from_before_stored_leases_keeps_its_claimers_lease,
     a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once,
     an_enqueue_that_fails_inserts_nothing,
@@ -482,9 +484,46 @@ async fn explain_claim(db: &TestDb) -> Value {
         .bind(5_i32)
         .bind("explain")
         .bind(42_i64)
+        .bind(Vec::<i64>::new())
         .fetch_one(&db.pool)
         .await
         .unwrap();
+    plan[0]["Plan"].clone()
+}
+
+/// The plan of the claim that carries outcomes, with 500 outcomes for rows in flight.
+async fn explain_fused_claim(db: &TestDb) -> Value {
+    let fused = queue_postgres::testing::finalize_claim_sql(&TableName::default());
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM queue_jobs WHERE status = 'in_flight' ORDER BY id LIMIT 500",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let n = ids.len();
+    let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {fused}"
+    )))
+    .bind(&ids)
+    .bind(vec![1_i64; n])
+    .bind(vec!["completed"; n])
+    .bind(vec![false; n])
+    .bind(vec![None::<chrono::DateTime<chrono::Utc>>; n])
+    .bind(vec![None::<f64>; n])
+    .bind(vec![None::<String>; n])
+    .bind(vec![true; n])
+    .bind(vec!["complete"; n])
+    .bind(vec![0_i64; n])
+    .bind("default")
+    .bind(500_i64)
+    .bind(90.0_f64)
+    .bind(5_i32)
+    .bind("explain")
+    .bind(42_i64)
+    .bind(&ids)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     plan[0]["Plan"].clone()
 }
 
@@ -595,7 +634,7 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
 async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_rows() {
     let db = TestDb::new().await;
     let queue = db.queue().await;
-    // 100k finished rows, 200k due rows, a few in flight.
+    // 100k finished rows, 200k due rows, 500 in flight.
     sqlx::raw_sql(
         "INSERT INTO queue_jobs (status, payload, finished_at, next_attempt_at)
              SELECT 'completed', '{}', now() - interval '1 day', now() - interval '2 days'
@@ -604,13 +643,33 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
              SELECT jsonb_build_object('n', g), now() - make_interval(secs => g)
              FROM generate_series(1, 200000) g;
          INSERT INTO queue_jobs (status, payload, claimed_at, claim_generation)
-             SELECT 'in_flight', '{}', now(), 1 FROM generate_series(1, 50);
+             SELECT 'in_flight', '{}', now(), 1 FROM generate_series(1, 500);
          ANALYZE queue_jobs;",
     )
     .execute(&db.pool)
     .await
     .unwrap();
     assert_picks_are_index_backed(&explain_claim(&db).await);
+    // The claim that carries outcomes picks the same way, and finds the outcomes' rows
+    // through an index, never by scanning the table.
+    let fused = explain_fused_claim(&db).await;
+    assert_picks_are_index_backed(&fused);
+    let mut all = Vec::new();
+    nodes(&fused, &mut all);
+    let finalized = all
+        .iter()
+        .find(|n| n["Subplan Name"] == "CTE finalized")
+        .unwrap_or_else(|| panic!("no CTE finalized in {fused:#}"));
+    let mut under = Vec::new();
+    nodes(finalized, &mut under);
+    // By primary key, or (with many outcomes) by reading the in-flight rows' partial index.
+    assert!(
+        under.iter().all(|n| n["Node Type"] != "Seq Scan")
+            && under.iter().any(|n| {
+                n["Index Name"] == "queue_jobs_pkey" || n["Index Name"] == "queue_jobs_expiry_idx"
+            }),
+        "the outcomes' rows are not found through an index: {finalized:#}"
+    );
     // The statistics read indexes only, never the table's history.
     let stats = queue_postgres::testing::stats_sql(&TableName::default());
     let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -651,7 +710,7 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
     let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
     assert_eq!(
         (stats.due, stats.in_flight, stats.lease_expired),
-        (QueueStats::COUNT_CAP, 50, 0)
+        (QueueStats::COUNT_CAP, 500, 0)
     );
     // And the claim really takes the oldest due job.
     let job = queue.claim(req(1)).await.unwrap().jobs.remove(0);
@@ -1011,6 +1070,16 @@ async fn a_worker_without_listen_finds_work_by_polling<D: TestDriver>() {
 /// One outcome the database refuses (here a trigger raises for one job) costs only that job its
 /// write: the batch is split until the refused item stands alone, and the other outcomes apply.
 async fn a_refused_outcome_costs_only_its_own_job<D: TestDriver>() {
+    refused_outcome::<D>(false).await;
+}
+
+/// The same when the outcomes ride with the claims: the refused statement loses neither the
+/// claim (sent again alone) nor the other outcomes.
+async fn a_refused_outcome_carried_with_a_claim_costs_only_its_own_job<D: TestDriver>() {
+    refused_outcome::<D>(true).await;
+}
+
+async fn refused_outcome<D: TestDriver>(fuse_claims: bool) {
     let db = TestDb::new().await;
     sqlx::raw_sql(
         r#"
@@ -1034,6 +1103,7 @@ async fn a_refused_outcome_costs_only_its_own_job<D: TestDriver>() {
         concurrency: 8,
         max_batch: 8,
         poll_interval: Duration::from_millis(50),
+        fuse_claims,
         ..WorkerConfig::default()
     };
     let worker = Worker::new(queue.clone(), Done, config).unwrap().start();
@@ -1043,9 +1113,100 @@ async fn a_refused_outcome_costs_only_its_own_job<D: TestDriver>() {
         })
         .await
         .expect("seven outcomes apply, one is refused");
+    // Later jobs are still claimed and run.
+    queue
+        .enqueue_many(
+            (0..5)
+                .map(|n| NewJob::from_value(json!({ "later": n })))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    worker
+        .wait_for_timeout(Duration::from_secs(30), |s| s.completed == 12)
+        .await
+        .expect("the jobs enqueued after the refusal run");
     worker.shutdown().await.unwrap();
     let counts = queue.counts().await.unwrap();
-    assert_eq!((counts.completed, counts.in_flight), (7, 1));
+    assert_eq!((counts.completed, counts.in_flight), (12, 1));
+}
+
+/// Counts each job's runs; every seventh job fails for good.
+#[derive(Clone, Default)]
+struct CountRuns {
+    runs: std::sync::Arc<std::sync::Mutex<HashMap<JobId, u32>>>,
+    total: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Handler for CountRuns {
+    type Payload = Value;
+    async fn handle(&self, ctx: JobContext, payload: Value) -> Result<(), JobError> {
+        let ran = {
+            let mut runs = self.runs.lock().unwrap();
+            *runs.entry(ctx.id()).or_default() += 1;
+            runs.len()
+        };
+        if ran >= 3000 {
+            self.total.notify_one();
+        }
+        match payload["n"].as_i64() {
+            Some(n) if n % 7 == 0 => Err(JobError::fail("seventh")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Three workers on three pools drain one queue, two of them carrying their outcomes with
+/// their claims (one statement per batch) and one writing them apart: every job runs once, and
+/// every outcome lands.
+async fn workers_carrying_outcomes_with_claims_run_each_job_once<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    for chunk in (0..3000).collect::<Vec<i64>>().chunks(1000) {
+        let jobs = chunk
+            .iter()
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        queue.enqueue_many(jobs).await.unwrap();
+    }
+    let handler = CountRuns::default();
+    let ran_all = handler.total.notified();
+    let mut workers = Vec::new();
+    for fuse_claims in [true, true, false] {
+        let queue = support::connect_default::<D>(&db).await;
+        let config = WorkerConfig {
+            concurrency: 8,
+            prefetch: 40,
+            max_batch: 40,
+            poll_interval: Duration::from_millis(50),
+            fuse_claims,
+            ..WorkerConfig::default()
+        };
+        workers.push(Worker::new(queue, handler.clone(), config).unwrap().start());
+    }
+    tokio::time::timeout(Duration::from_secs(60), ran_all)
+        .await
+        .expect("every job runs");
+    let mut stale = 0;
+    for worker in workers {
+        stale += worker.shutdown().await.unwrap().stats.stale;
+    }
+    assert_eq!(stale, 0);
+    let runs = handler.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 3000);
+    assert!(runs.values().all(|&n| n == 1), "a job ran twice");
+    let counts = queue.counts().await.unwrap();
+    let failed = (0..3000).filter(|n| n % 7 == 0).count() as u64;
+    assert_eq!(
+        (
+            counts.completed,
+            counts.failed,
+            counts.in_flight,
+            counts.pending
+        ),
+        (3000 - failed, failed, 0, 0)
+    );
+    db.drop_db().await;
 }
 
 /// A row claimed by a binary from before leases were stored (an in-flight row with

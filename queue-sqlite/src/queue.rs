@@ -604,6 +604,15 @@ impl SqliteTx {
         Ok(())
     }
 
+    /// Runs one statement without parameters inside the transaction.
+    async fn run(&mut self, text: &'static str) -> Result<(), SqliteError> {
+        sqlx::raw_sql(text)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(|e| SqliteError::from_sqlx(e, &self.path))?;
+        Ok(())
+    }
+
     async fn rollback_now(mut self) {
         // A ROLLBACK that fails finds the transaction already ended by SQLite, or cannot end
         // it: either way the connection is closed (see the type's docs), which ends it.
@@ -633,6 +642,14 @@ impl BackendTx for SqliteTx {
     async fn rollback(self) -> queue_core::Result<()> {
         self.rollback_now().await;
         Ok(())
+    }
+
+    async fn savepoint(&mut self) -> queue_core::Result<()> {
+        Ok(self.run("SAVEPOINT queue_job").await?)
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> queue_core::Result<()> {
+        Ok(self.run("ROLLBACK TO queue_job").await?)
     }
 }
 
@@ -980,6 +997,10 @@ impl SqliteQueue {
 
 impl Backend for SqliteQueue {
     type Tx = SqliteTx;
+
+    fn savepoints(&self) -> bool {
+        true
+    }
 
     fn queue(&self) -> &QueueName {
         &self.inner.config.queue

@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p benches --bin queue-bench -- --jobs 20000 --workers 8 [--runs 3]
 //!     [--batch 500] [--latency-jobs 1000] [--rate 200] [--backend postgres|sqlite]
-//!     [--driver sqlx|tokio-postgres]
+//!     [--driver sqlx|tokio-postgres] [--fuse] [--delay-ms 100 [--long-jobs 20]
+//!     [--long-ms 3000] [--lease-ms 1200]]
 //! ```
 //! Per run, on a fresh scratch database (a PostgreSQL database, or a SQLite file in the
 //! temporary directory): enqueue `--jobs` noop jobs in batches of 1000 (timed), then drain them
@@ -13,35 +14,154 @@
 //! same process), `--latency-jobs` enqueued one at a time at `--rate` per second; the time from
 //! each enqueue call to its handler starting. Medians over the runs. The last line:
 //! `bench: backend=B jobs=N workers=W enqueue_jps=E process_jps=P p50_start_ms=A p99_start_ms=B
-//! duplicates=D`
+//! duplicates=D cpu_us_per_job=C fused=F`, where `cpu_us_per_job` is the bench process's CPU
+//! time (every thread's, `CLOCK_PROCESS_CPUTIME_ID`) during the drain per job, and `fused` whether the worker
+//! carried its outcomes with its claims (`--fuse`).
+//!
+//! `--hooks` adds a finalize hook that writes a domain row and an outbox row per job in the
+//! outcome's transaction (the exchange's shape); outcomes with hooks are written many to a
+//! transaction, a savepoint per job, unless `--one-transaction-per-job`. The last line then
+//! adds `hooks=true batched=B`.
+//!
+//! `--backlog N` loads N completed rows before the latency phase (PostgreSQL).
+//!
+//! `--delay-ms D` makes the jobs I/O-bound, as a partner call is: each handler awaits `D` ms,
+//! except the first `--long-jobs`, which await `--long-ms` under a lease of `--lease-ms` and so
+//! live on heartbeats. The last line then adds `delay_ms=D target_jps=T` (0.9 × concurrency /
+//! delay), `rss_kib_per_in_flight=R` (the process's peak resident memory during the drain above
+//! its resident memory before it, per slot of concurrency) and `lost_leases=L` (handlers told
+//! their lease was lost or untrusted, plus jobs the database shows taken over: 0 when no
+//! heartbeat starved).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use queue_core::{Backend, Handler, JobContext, JobError, NewJob, Worker, WorkerConfig};
+use queue_core::{
+    Backend, BoxError, FinalizeEvent, FinalizeHook, Handler, Hooks, JobContext, JobError, Lease,
+    NewJob, Worker, WorkerConfig,
+};
 use queue_postgres::testing::ScratchDb;
-use queue_postgres::{PgQueue, PgQueueConfig, TokioPostgresQueue};
+use queue_postgres::{Driver, PgQueue, PgQueueConfig, PostgresTx, TokioPostgresQueue};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-/// Counts runs per job id (ids of one run are dense from `first`).
+/// Counts runs per job id (ids of one run are dense from `first`); in the I/O-bound mode,
+/// awaits its delay first.
 struct Counting {
     first: i64,
     runs: Arc<Vec<AtomicU32>>,
+    io: Option<IoBound>,
+}
+
+/// The I/O-bound mode's handler settings.
+#[derive(Clone)]
+struct IoBound {
+    delay: Duration,
+    long_jobs: i64,
+    long: Duration,
+    lost: Arc<AtomicU64>,
 }
 
 impl Handler for Counting {
     type Payload = serde_json::Value;
     async fn handle(&self, ctx: JobContext, _payload: serde_json::Value) -> Result<(), JobError> {
-        if let Some(slot) = usize::try_from(ctx.id().0 - self.first)
-            .ok()
-            .and_then(|i| self.runs.get(i))
-        {
+        let index = ctx.id().0 - self.first;
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.runs.get(i)) {
             slot.fetch_add(1, Ordering::Relaxed);
         }
+        let Some(io) = &self.io else {
+            return Ok(());
+        };
+        let wait = if index < io.long_jobs {
+            io.long
+        } else {
+            io.delay
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => Ok(()),
+            _ = ctx.cancellation().cancelled() => {
+                io.lost.fetch_add(1, Ordering::Relaxed);
+                Err(JobError::retry("the lease was lost"))
+            }
+        }
+    }
+
+    fn runs_long(&self) -> bool {
+        self.io.is_some()
+    }
+}
+
+/// The hooks mode's tables: a domain row and an outbox row per finished job.
+const HOOK_TABLES: &str =
+    "CREATE TABLE bench_domain (job_id bigint PRIMARY KEY, status text NOT NULL);
+     CREATE TABLE bench_outbox (id bigserial PRIMARY KEY, job_id bigint NOT NULL,
+                                event text NOT NULL, at timestamptz NOT NULL DEFAULT now())";
+
+/// Writes the job's domain row and stages its outbox row in the finalize transaction: the
+/// shape of the exchange's stamp and outbox hooks. For a batch, one statement each.
+struct DomainAndOutbox;
+
+impl<D: Driver, P: Sync> FinalizeHook<PostgresTx<D>, P> for DomainAndOutbox {
+    fn name(&self) -> &str {
+        "domain_and_outbox"
+    }
+
+    async fn after_applied(
+        &self,
+        tx: &mut PostgresTx<D>,
+        event: &FinalizeEvent<'_, P>,
+    ) -> Result<(), BoxError> {
+        let (id, kind) = (event.job.id.0, event.action.kind());
+        tx.execute(
+            "INSERT INTO bench_domain (job_id, status) VALUES ($1, $2)
+             ON CONFLICT (job_id) DO UPDATE SET status = EXCLUDED.status",
+            (id, kind),
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO bench_outbox (job_id, event) VALUES ($1, $2)",
+            (id, kind),
+        )
+        .await?;
         Ok(())
     }
+
+    async fn after_applied_batch(
+        &self,
+        tx: &mut PostgresTx<D>,
+        events: &[FinalizeEvent<'_, P>],
+    ) -> Result<(), BoxError>
+    where
+        PostgresTx<D>: Send,
+        P: Sync,
+    {
+        let ids: Vec<i64> = events.iter().map(|e| e.job.id.0).collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e.action.kind()).collect();
+        tx.execute(
+            "INSERT INTO bench_domain (job_id, status)
+             SELECT * FROM unnest($1::bigint[], $2::text[])
+             ON CONFLICT (job_id) DO UPDATE SET status = EXCLUDED.status",
+            (&ids, &kinds),
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO bench_outbox (job_id, event)
+             SELECT * FROM unnest($1::bigint[], $2::text[])",
+            (&ids, &kinds),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// The hooks of a PostgreSQL run: [`DomainAndOutbox`] with `--hooks`, none otherwise.
+fn pg_hooks<D: Driver>(o: &Options) -> Hooks<PostgresTx<D>, serde_json::Value> {
+    let mut hooks = Hooks::new();
+    if o.hooks {
+        hooks.push(DomainAndOutbox);
+    }
+    hooks
 }
 
 /// Records when each job started.
@@ -86,6 +206,33 @@ struct Options {
     /// The PostgreSQL driver.
     #[arg(long, value_enum, default_value_t = DriverName::Sqlx)]
     driver: DriverName,
+    /// Completed rows loaded into the table before the latency phase (PostgreSQL): the start
+    /// latency with a queue's history in the table.
+    #[arg(long, default_value_t = 0)]
+    backlog: u64,
+    /// Run a hook per job that writes a domain row and an outbox row in the finalize
+    /// transaction (PostgreSQL).
+    #[arg(long)]
+    hooks: bool,
+    /// Write each outcome with hooks in a transaction of its own
+    /// (`WorkerConfig::batch_finalize` off).
+    #[arg(long)]
+    one_transaction_per_job: bool,
+    /// Carry the batched outcomes with the claims (`WorkerConfig::fuse_claims`).
+    #[arg(long)]
+    fuse: bool,
+    /// I/O-bound jobs: each handler awaits this many milliseconds (0: noop jobs).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    delay_ms: u64,
+    /// In the I/O-bound mode, how many of the first jobs run long, on heartbeats.
+    #[arg(long, default_value_t = 20)]
+    long_jobs: u32,
+    /// How long a long job runs, in milliseconds.
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    long_ms: u64,
+    /// The lease in the I/O-bound mode, in milliseconds (a heartbeat every third of it).
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u64).range(300..=600_000))]
+    lease_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -114,8 +261,37 @@ async fn completed<B: Backend>(queue: &B) -> u64 {
     queue.counts().await.expect("counts").completed
 }
 
-/// Enqueue, then drain; returns (enqueue jobs/s, process jobs/s, duplicates).
-async fn throughput_run<B: Backend>(o: &Options, queue: B) -> (f64, f64, u64) {
+/// The process's CPU time so far, every thread's (`CLOCK_PROCESS_CPUTIME_ID`).
+fn cpu_time() -> Duration {
+    cpu_time::ProcessTime::now().as_duration()
+}
+
+/// A `kB` figure of `/proc/self/status` (`VmRSS`, `VmHWM`).
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What one drain measured.
+struct Drained {
+    enqueue_jps: f64,
+    process_jps: f64,
+    duplicates: u64,
+    cpu_us_per_job: f64,
+    rss_kib_per_in_flight: f64,
+    lost_leases: u64,
+}
+
+/// Enqueue, then drain.
+async fn throughput_run<B: Backend>(
+    o: &Options,
+    queue: B,
+    hooks: Hooks<B::Tx, serde_json::Value>,
+) -> Drained {
     let start = Instant::now();
     let mut ids = Vec::with_capacity(o.jobs);
     for chunk in (0..o.jobs).collect::<Vec<_>>().chunks(1000) {
@@ -137,20 +313,38 @@ async fn throughput_run<B: Backend>(o: &Options, queue: B) -> (f64, f64, u64) {
     let last = *ids.iter().max().expect("jobs");
     let runs: Arc<Vec<AtomicU32>> = Arc::new((first..=last).map(|_| AtomicU32::new(0)).collect());
 
-    let config = WorkerConfig {
+    let lost = Arc::new(AtomicU64::new(0));
+    let io = (o.delay_ms > 0).then(|| IoBound {
+        delay: Duration::from_millis(o.delay_ms),
+        long_jobs: i64::from(o.long_jobs),
+        long: Duration::from_millis(o.long_ms),
+        lost: lost.clone(),
+    });
+    let mut config = WorkerConfig {
         concurrency: o.workers,
         prefetch: o.batch as usize,
         max_batch: o.batch,
         poll_interval: Duration::from_millis(50),
+        fuse_claims: o.fuse,
+        batch_finalize: !o.one_transaction_per_job,
         ..WorkerConfig::default()
     };
+    if io.is_some() {
+        config.lease = Lease::new(Duration::from_millis(o.lease_ms)).expect("lease");
+    }
     let handler = Counting {
         first,
         runs: runs.clone(),
+        io,
     };
+    // The peak resident size from here on (`5` resets VmHWM to the current size).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_before = status_kib("VmRSS");
+    let cpu_before = cpu_time();
     let start = Instant::now();
     let worker = Worker::new(queue.clone(), handler, config)
         .expect("config")
+        .hooks(hooks)
         .start();
     worker.wait_for(|s| s.completed >= o.jobs as u64).await;
     // The worker's count is what it wrote; the database must agree.
@@ -158,16 +352,22 @@ async fn throughput_run<B: Backend>(o: &Options, queue: B) -> (f64, f64, u64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let process_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let peak = status_kib("VmHWM");
+    let stats = worker.stats();
     worker.shutdown().await.expect("shutdown");
     let invocations: u64 = runs
         .iter()
         .map(|r| u64::from(r.load(Ordering::Relaxed)))
         .sum();
-    (
+    Drained {
         enqueue_jps,
         process_jps,
-        invocations.saturating_sub(o.jobs as u64),
-    )
+        duplicates: invocations.saturating_sub(o.jobs as u64),
+        cpu_us_per_job: cpu.as_secs_f64() * 1e6 / o.jobs as f64,
+        rss_kib_per_in_flight: peak.saturating_sub(rss_before) as f64 / o.workers as f64,
+        lost_leases: lost.load(Ordering::Relaxed) + stats.stale,
+    }
 }
 
 /// Start latency with NOTIFY: returns (p50 ms, p99 ms).
@@ -233,22 +433,39 @@ async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
 }
 
 /// One run: throughput on a fresh database, then latency on another.
-async fn run_once(o: &Options) -> ((f64, f64, u64), (f64, f64)) {
+async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     if o.backend == BackendName::Sqlite {
         let file = benches::ScratchSqlite::new("throughput").await;
-        let throughput = throughput_run(o, file.queue.clone()).await;
+        let throughput = throughput_run(o, file.queue.clone(), Hooks::new()).await;
         drop(file);
         let file = benches::ScratchSqlite::new("latency").await;
         let latency = latency_run(o, file.queue.clone()).await;
         return (throughput, latency);
     }
     let db = benches::scratch_db().await;
+    if o.hooks {
+        sqlx::raw_sql(HOOK_TABLES)
+            .execute(&db.pool)
+            .await
+            .expect("the hook tables");
+    }
     let throughput = match o.driver {
-        DriverName::Sqlx => throughput_run(o, benches::queue(&db.pool).await).await,
-        DriverName::TokioPostgres => throughput_run(o, tp_queue(&db, false).await).await,
+        DriverName::Sqlx => {
+            let queue = benches::queue(&db.pool).await;
+            throughput_run(o, queue, pg_hooks(o)).await
+        }
+        DriverName::TokioPostgres => {
+            let queue = tp_queue(&db, false).await;
+            throughput_run(o, queue, pg_hooks(o)).await
+        }
     };
     db.drop_db().await;
     let db = benches::scratch_db().await;
+    if o.backlog > 0 {
+        // The table exists once a queue handle has checked it.
+        let _ = benches::queue(&db.pool).await;
+        benches::load(&db.pool, 0, o.backlog).await;
+    }
     let latency = match o.driver {
         DriverName::Sqlx => {
             let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
@@ -270,20 +487,46 @@ async fn main() {
         std::process::exit(2);
     }
     let (mut enq, mut proc, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut duplicates = 0;
+    let (mut cpus, mut rss) = (Vec::new(), Vec::new());
+    let (mut duplicates, mut lost) = (0, 0);
     for run in 1..=o.runs.max(1) {
-        let ((e, p, d), (p50, p99)) = run_once(&o).await;
+        let (d, (p50, p99)) = run_once(&o).await;
         println!(
-            "run {run}: enqueue_jps={e:.0} process_jps={p:.0} p50_start_ms={p50:.2} p99_start_ms={p99:.2} duplicates={d}"
+            "run {run}: enqueue_jps={:.0} process_jps={:.0} p50_start_ms={p50:.2} p99_start_ms={p99:.2} duplicates={} cpu_us_per_job={:.2} rss_kib_per_in_flight={:.1} lost_leases={}",
+            d.enqueue_jps,
+            d.process_jps,
+            d.duplicates,
+            d.cpu_us_per_job,
+            d.rss_kib_per_in_flight,
+            d.lost_leases
         );
-        enq.push(e);
-        proc.push(p);
+        enq.push(d.enqueue_jps);
+        proc.push(d.process_jps);
         p50s.push(p50);
         p99s.push(p99);
-        duplicates += d;
+        cpus.push(d.cpu_us_per_job);
+        rss.push(d.rss_kib_per_in_flight);
+        duplicates += d.duplicates;
+        lost += d.lost_leases;
+    }
+    let mut io = if o.delay_ms > 0 {
+        format!(
+            " delay_ms={} target_jps={:.0} rss_kib_per_in_flight={:.1} lost_leases={lost}",
+            o.delay_ms,
+            0.9 * o.workers as f64 * 1000.0 / o.delay_ms as f64,
+            median(rss)
+        )
+    } else {
+        String::new()
+    };
+    if o.hooks {
+        io.push_str(&format!(
+            " hooks=true batched={}",
+            !o.one_transaction_per_job
+        ));
     }
     println!(
-        "bench: backend={} jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={}",
+        "bench: backend={} jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={} cpu_us_per_job={:.2} fused={}{io}",
         match o.backend {
             BackendName::Postgres => "postgres",
             BackendName::Sqlite => "sqlite",
@@ -294,6 +537,8 @@ async fn main() {
         median(proc),
         median(p50s),
         median(p99s),
-        duplicates
+        duplicates,
+        median(cpus),
+        o.fuse && o.backend == BackendName::Postgres,
     );
 }

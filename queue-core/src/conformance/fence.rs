@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Harness, claim, claim_then_take_over, enqueue, lease, record};
-use crate::backend::Backend;
+use super::{Harness, claim, claim_then_take_over, enqueue, lease, record, req};
+use crate::backend::{Backend, BackendTx};
 use chrono::{TimeDelta, Utc};
 use serde_json::json;
 
@@ -279,6 +279,108 @@ cases! {
             (JobStatus::Failed, Some("bad"))
         );
         assert!(b.finalize_many(&[]).await.unwrap().is_empty());
+    }
+
+    /// The claim that carries outcomes ([`Backend::finalize_and_claim`]): each outcome is
+    /// fenced as in `finalize_many` (answers in input order), the claim takes what a claim
+    /// would, and a job whose outcome the call writes after its lease ran out is not taken
+    /// over by the same call: its holder's outcome stands.
+    pub async fn finalize_and_claim_writes_fenced_outcomes_then_claims<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let a = enqueue(b, 1).await;
+        let held = enqueue(b, 2).await;
+        let c = enqueue(b, 3).await;
+        let d = enqueue(b, 4).await;
+        let first = claim(b, 2).await.jobs;
+        assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), [a, held]);
+        let ghost = Claim {
+            token: ClaimToken(first[1].token.0 ^ 0x77),
+            ..first[1].claim()
+        };
+        let (outcomes, batch) = b
+            .finalize_and_claim(
+                &[
+                    (first[0].claim(), Finalize::Complete),
+                    (ghost, Finalize::Fail { error: "ghost".into() }),
+                ],
+                req(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(outcomes, [FinalizeOutcome::Applied, FinalizeOutcome::Stale]);
+        assert_eq!(batch.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [c, d]);
+        assert_eq!(record(b, a).await.status, JobStatus::Completed);
+        let rec = record(b, held).await;
+        assert_eq!((rec.status, rec.last_error), (JobStatus::InFlight, None));
+        for job in &batch.jobs {
+            let rec = record(b, job.id).await;
+            assert_eq!((rec.status, rec.attempts), (JobStatus::InFlight, 1));
+            assert_eq!((rec.claim_generation, rec.claim_token), (job.generation, job.token));
+        }
+
+        // The carried jobs' own outcomes, with nothing left to claim.
+        let (outcomes, none) = b
+            .finalize_and_claim(
+                &[
+                    (batch.jobs[0].claim(), Finalize::Complete),
+                    (
+                        batch.jobs[1].claim(),
+                        Finalize::Retry {
+                            at: RunAt::After(Duration::from_secs(30)),
+                            error: "later".into(),
+                        },
+                    ),
+                ],
+                req(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(outcomes, [FinalizeOutcome::Applied, FinalizeOutcome::Applied]);
+        assert!(none.jobs.is_empty(), "{:?}", none.jobs);
+
+        // `held` outlived its lease: its holder's outcome applies, and the same call does not
+        // take it over.
+        h.advance_clock(lease().duration() + Duration::from_secs(1))
+            .await;
+        let (outcomes, batch) = b
+            .finalize_and_claim(&[(first[1].claim(), Finalize::Complete)], req(10))
+            .await
+            .unwrap();
+        assert_eq!(outcomes, [FinalizeOutcome::Applied]);
+        assert_eq!(batch.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [d], "the retry is due");
+        assert_eq!(record(b, held).await.status, JobStatus::Completed);
+
+        // Without outcomes it is a claim.
+        let (outcomes, batch) = b.finalize_and_claim(&[], req(10)).await.unwrap();
+        assert!(outcomes.is_empty() && batch.jobs.is_empty());
+    }
+
+    /// A savepoint undoes one job's fenced write and keeps the earlier ones of the same
+    /// transaction, which then commit; a backend without savepoints refuses them.
+    pub async fn a_savepoint_undoes_only_what_came_after_it<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let kept = enqueue(b, 1).await;
+        let undone = enqueue(b, 2).await;
+        let jobs = claim(b, 2).await.jobs;
+        let mut tx = b.begin().await.unwrap();
+        if !b.savepoints() {
+            assert!(tx.savepoint().await.is_err());
+            return;
+        }
+        tx.savepoint().await.unwrap();
+        let first = b.finalize_in(&mut tx, jobs[0].claim(), &Finalize::Complete).await;
+        tx.savepoint().await.unwrap();
+        let failed = Finalize::Fail { error: "undone".into() };
+        let second = b.finalize_in(&mut tx, jobs[1].claim(), &failed).await;
+        assert_eq!((first.unwrap(), second.unwrap()), (FinalizeOutcome::Applied, FinalizeOutcome::Applied));
+        tx.rollback_to_savepoint().await.unwrap();
+        // The transaction goes on after the rollback: the second job's write again, differently.
+        let again = b.finalize_in(&mut tx, jobs[1].claim(), &Finalize::Release).await;
+        assert_eq!(again.unwrap(), FinalizeOutcome::Applied);
+        tx.commit().await.unwrap();
+        assert_eq!(record(b, kept).await.status, JobStatus::Completed);
+        let rec = record(b, undone).await;
+        assert_eq!((rec.status, rec.attempts, rec.last_error), (JobStatus::Pending, 0, None));
     }
 
     /// Administrative cancel ends a pending job at once; for a job in flight it asks the holder,

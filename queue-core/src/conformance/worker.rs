@@ -126,6 +126,28 @@ impl<Tx: Send, P: Sync> FinalizeHook<Tx, P> for AlwaysRefuses {
     }
 }
 
+/// A hook that refuses the first outcome of every original job whose `n` is a multiple of
+/// five, named `fails_once`.
+#[derive(Default)]
+struct FailsOnce(Mutex<HashSet<JobId>>);
+
+impl<Tx: Send, P: Sync> FinalizeHook<Tx, P> for FailsOnce {
+    fn name(&self) -> &str {
+        "fails_once"
+    }
+    async fn after_applied(
+        &self,
+        _tx: &mut Tx,
+        event: &FinalizeEvent<'_, P>,
+    ) -> Result<(), BoxError> {
+        let chosen = event.job.payload["n"].as_i64().is_some_and(|n| n % 5 == 0);
+        if chosen && self.0.lock().unwrap().insert(event.job.id) {
+            return Err("refused once".into());
+        }
+        Ok(())
+    }
+}
+
 struct Noop;
 
 impl Handler for Noop {
@@ -335,6 +357,45 @@ cases! {
             10,
             "one hook run per applied finalize"
         );
+    }
+
+    /// With hooks, outcomes are written many to a transaction where the backend has
+    /// savepoints: a hook that fails undoes only its own job's writes (here the follow-up its
+    /// job staged before the failing hook ran), that job is written again alone, and every
+    /// other job's writes commit. Each original job ends with exactly one follow-up.
+    pub async fn a_failing_hook_costs_only_its_own_job_of_a_batch<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let originals: Vec<NewJob> = (0..20)
+            .map(|n| NewJob::from_value(json!({ "n": n })))
+            .collect();
+        b.enqueue_many(originals).await.unwrap();
+        let recorder = Recorder::default();
+        let config = WorkerConfig {
+            concurrency: 20,
+            max_batch: 20,
+            ..quick_retries(3)
+        };
+        let worker = Worker::new(b.clone(), Noop, config)
+            .unwrap()
+            .hook(StageFollowUp(b.clone()))
+            .hook(FailsOnce::default())
+            .hook(recorder.clone())
+            .start();
+        let stats = worker
+            .wait_for_timeout(Duration::from_secs(30), |s| s.completed == 40)
+            .await
+            .expect("every original and its follow-up complete");
+        worker.shutdown().await.unwrap();
+        assert_eq!((stats.dead, stats.finalize_errors, stats.stale), (0, 0, 0));
+        let counts = b.counts().await.unwrap();
+        assert_eq!(
+            (counts.total(), counts.completed),
+            (40, 40),
+            "one follow-up per original: a refused try's follow-up was undone"
+        );
+        let recorded = recorder.0.lock().unwrap().clone();
+        let distinct: HashSet<JobId> = recorded.iter().map(|(id, _)| *id).collect();
+        assert_eq!((recorded.len(), distinct.len()), (40, 40));
     }
 
     /// A hook that keeps failing does not leave its job in flight forever: once the lease is

@@ -47,6 +47,14 @@ pub struct WorkerConfig {
     /// Write outcomes of jobs without hooks in batches (default true): many fenced writes per
     /// statement instead of one statement per job.
     pub batch_finalize: bool,
+    /// Send the batched outcomes with the next claim, in one statement and one commit, where
+    /// the backend can ([`crate::Backend::fuses_claims`]; default false): one round trip per
+    /// batch instead of two, but the claim then waits for the outcomes' write, where it
+    /// otherwise runs beside it on another connection. On a database next to the worker that
+    /// costs more than it saves (`docs/performance.md`: 0.7× the throughput); it is for a
+    /// database whose round trips dominate. An outcome waits at most a few milliseconds for a
+    /// claim to carry it; outcomes with hooks never do.
+    pub fuse_claims: bool,
     /// The worker's name, stored with each claim (`claimed_by`) and with each error it reports
     /// in a job's history, so an operator can tell which process holds or failed a job
     /// (default `<host>:<pid>`; cut to [`crate::limits::MAX_HOLDER_BYTES`]).
@@ -82,6 +90,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(5),
             batch_finalize: true,
+            fuse_claims: false,
             name: default_worker_name(),
         }
     }

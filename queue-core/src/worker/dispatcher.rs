@@ -152,11 +152,11 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         let request = ClaimRequest::new(want, config.lease)
             .max_reclaims(config.max_reclaims)
             .holder(config.name.as_str());
-        let backend = self.shared.backend.clone();
+        let shared = self.shared.clone();
         self.poll_due = false;
         self.claiming = Some(Box::pin(async move {
             let sent = Instant::now();
-            (want, sent, backend.claim(request).await)
+            (want, sent, shared.finalizer.claim(request).await)
         }));
     }
 

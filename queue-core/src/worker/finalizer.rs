@@ -8,24 +8,30 @@
 //! hooks, so that no job is left in flight forever. A write whose commit result was lost and
 //! that then finds the job gone is checked, and reported as applied or as unknown, never as
 //! another worker's fence.
+//!
+//! Where the backend fuses them ([`Backend::fuses_claims`]), the batching task also sends the
+//! dispatcher's claims, each with the outcomes waiting: one statement per batch writes batch k
+//! and claims batch k+1.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stats::WorkerStats;
 use crate::backend::Backend;
 use crate::backoff::Backoff;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::events;
-use crate::hooks::{Hooks, finalize_once};
+use crate::hooks::{Hooks, finalize_batch, finalize_once};
 use crate::metrics::QueueMetrics;
-use crate::types::{Claim, ClaimedJob, Finalize, FinalizeOutcome, JobStatus};
+use crate::types::{
+    Claim, ClaimBatch, ClaimRequest, ClaimedJob, Finalize, FinalizeOutcome, JobStatus,
+};
 
 /// The first pause before a failed write is tried again; pauses double from here.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -35,10 +41,35 @@ const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 const HOOK_TRIES: u32 = 3;
 /// The most outcomes one batched write carries.
 const BATCH_LIMIT: usize = 512;
+/// The most outcomes with hooks one transaction carries: each is a savepoint, and PostgreSQL
+/// keeps up to 64 subtransactions of a transaction in shared memory before other sessions'
+/// snapshots get slower.
+const HOOKED_BATCH_LIMIT: usize = 50;
+/// The most transactions of outcomes with hooks one worker writes at once: each job's writes
+/// are several round trips, so one transaction at a time would bound a worker by its latency.
+const HOOKED_WRITERS: usize = 4;
+/// How long outcomes wait for the dispatcher's next claim to carry them, when claims carry
+/// outcomes: a busy dispatcher claims as soon as half its slots are free, which the outcomes
+/// of those slots come just before.
+const LINGER: Duration = Duration::from_millis(5);
+
+/// A claim the dispatcher hands to the batching task, which sends it with the outcomes
+/// waiting and answers on `reply`.
+struct ClaimAsk {
+    request: ClaimRequest,
+    reply: oneshot::Sender<Result<ClaimBatch>>,
+}
 
 /// An outcome to write, with the local estimate of when its job's lease ends.
 struct Outcome {
     claim: Claim,
+    action: Finalize,
+    deadline: Instant,
+}
+
+/// An outcome whose hooks must run, with its job (the hooks read it).
+struct HookedOutcome {
+    job: ClaimedJob,
     action: Finalize,
     deadline: Instant,
 }
@@ -57,10 +88,15 @@ enum Written {
 /// Writes outcomes for one worker.
 pub(super) struct Finalizer<B: Backend, P> {
     writer: Arc<Writer<B>>,
-    hooks: Hooks<B::Tx, P>,
-    /// Where outcomes go to be written in batches; `None` when hooks need a transaction per job
-    /// or batching is off.
+    hooked: Arc<Hooked<B, P>>,
+    /// Where outcomes go to be written in batches; `None` when there are hooks or batching is
+    /// off.
     batch: Option<mpsc::Sender<Outcome>>,
+    /// Where outcomes with hooks go to be written many to a transaction; `None` without hooks,
+    /// with batching off, or on a backend without savepoints.
+    hooked_batch: Option<mpsc::Sender<HookedOutcome>>,
+    /// Where claims go to carry the batched outcomes; `None` unless the backend fuses them.
+    claims: Option<mpsc::Sender<ClaimAsk>>,
 }
 
 /// The batching task, stopped once no job can send to it any more.
@@ -86,44 +122,106 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     /// A finalizer for jobs held under `lease`; with `batch` and no hooks it also starts the
-    /// batching task, whose queue holds `capacity` outcomes.
+    /// batching task, whose queue holds `capacity` outcomes, and which also sends the claims
+    /// when `fuse` asks for it and the backend can.
     pub(super) fn start(
         backend: B,
         hooks: Hooks<B::Tx, P>,
         (stats, metrics): (watch::Sender<WorkerStats>, QueueMetrics),
         lease: Duration,
-        (batch, capacity): (bool, usize),
+        (batch, fuse, capacity): (bool, bool, usize),
     ) -> (Self, Option<BatchTask>) {
+        let fuse = fuse && backend.fuses_claims();
         let writer = Arc::new(Writer {
             backend,
             stats,
             metrics,
             lease,
         });
-        let (sender, task) = if batch && hooks.is_empty() {
+        let hooked = Arc::new(Hooked {
+            writer: writer.clone(),
+            hooks,
+        });
+        let mut hooked_batch = None;
+        let (sender, claims, task) = if batch && hooked.hooks.is_empty() {
             let (tx, rx) = mpsc::channel(capacity.max(BATCH_LIMIT) * 2);
+            let (claims, asks) = match fuse {
+                true => {
+                    let (claims, asks) = mpsc::channel(1);
+                    (Some(claims), Some(asks))
+                }
+                false => (None, None),
+            };
             let done = CancellationToken::new();
             let batcher = Batcher {
                 writer: writer.clone(),
                 rx,
+                asks,
                 done: done.clone(),
             };
             let task = tokio::spawn(batcher.run());
-            (Some(tx), Some(BatchTask { task, done }))
+            (Some(tx), claims, Some(BatchTask { task, done }))
+        } else if batch && hooked.writer.backend.savepoints() {
+            let (tx, rx) = mpsc::channel(capacity.max(HOOKED_BATCH_LIMIT) * 2);
+            let done = CancellationToken::new();
+            let batcher = HookedBatcher {
+                hooked: hooked.clone(),
+                rx,
+                done: done.clone(),
+                alone: JoinSet::new(),
+            };
+            let task = tokio::spawn(batcher.run());
+            hooked_batch = Some(tx);
+            (None, None, Some(BatchTask { task, done }))
         } else {
-            (None, None)
+            (None, None, None)
         };
         let finalizer = Finalizer {
             writer,
-            hooks,
+            hooked,
             batch: sender,
+            hooked_batch,
+            claims,
         };
         (finalizer, task)
+    }
+
+    /// Claims jobs: through the batching task, with the outcomes waiting, when claims carry
+    /// outcomes; straight from the backend otherwise (and if that task is gone).
+    pub(super) async fn claim(&self, request: ClaimRequest) -> Result<ClaimBatch> {
+        if let Some(claims) = &self.claims {
+            let (reply, answer) = oneshot::channel();
+            let ask = ClaimAsk {
+                request: request.clone(),
+                reply,
+            };
+            if claims.send(ask).await.is_ok()
+                && let Ok(claimed) = answer.await
+            {
+                return claimed;
+            }
+        }
+        self.writer.backend.claim(request).await
     }
 
     /// Writes a job's outcome: handed to the batching task when there is one, written now
     /// otherwise. `deadline` is when the job's lease ends by the local clock.
     pub(super) async fn finish(&self, job: &ClaimedJob, action: Finalize, deadline: Instant) {
+        if let Some(batch) = &self.hooked_batch {
+            let outcome = HookedOutcome {
+                job: job.clone(),
+                action,
+                deadline,
+            };
+            match batch.send(outcome).await {
+                Ok(()) => return,
+                Err(refused) => {
+                    let HookedOutcome { action, .. } = refused.0;
+                    self.finish_now(job, action, deadline).await;
+                    return;
+                }
+            }
+        }
         if let Some(batch) = &self.batch {
             let outcome = Outcome {
                 claim: job.claim(),
@@ -149,10 +247,9 @@ where
         action: Finalize,
         deadline: Instant,
     ) -> bool {
-        let (action, written) = self.write_with_hooks(job, action, deadline).await;
-        let applied = matches!(written, Written::Done(FinalizeOutcome::Applied));
-        self.writer.report(job.claim(), &action, &written);
-        applied
+        self.hooked
+            .finish_now(job, action, deadline, Tried::default())
+            .await
     }
 
     /// Gives a claimed job back unstarted (fenced); true when the release applied.
@@ -180,7 +277,42 @@ where
                 }
             })
             .collect();
-        self.writer.write_batch(outcomes).await;
+        self.writer.write_batch(outcomes, false).await;
+    }
+}
+
+/// What an earlier try of a write with hooks left: whether it may have committed (a lost
+/// reply), and how often a hook failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tried {
+    maybe_written: bool,
+    hook_failures: u32,
+}
+
+/// Writes outcomes with the hooks, one job at a time: shared by the finalizer and its batching
+/// task for jobs with hooks (which sends here what its batch could not write).
+struct Hooked<B: Backend, P> {
+    writer: Arc<Writer<B>>,
+    hooks: Hooks<B::Tx, P>,
+}
+
+impl<B, P> Hooked<B, P>
+where
+    B: Backend,
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    /// Writes a job's outcome with the hooks now and reports it; true when the write applied.
+    async fn finish_now(
+        &self,
+        job: &ClaimedJob,
+        action: Finalize,
+        deadline: Instant,
+        tried: Tried,
+    ) -> bool {
+        let (action, written) = self.write_with_hooks(job, action, deadline, tried).await;
+        let applied = matches!(written, Written::Done(FinalizeOutcome::Applied));
+        self.writer.report(job.claim(), &action, &written);
+        applied
     }
 
     /// The write of one outcome with the hooks, tried again on the schedule until `deadline`.
@@ -190,12 +322,15 @@ where
         job: &ClaimedJob,
         action: Finalize,
         deadline: Instant,
+        tried: Tried,
     ) -> (Finalize, Written) {
         let writer = &self.writer;
         let queue = writer.backend.queue();
         let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
-        let mut maybe_written = false;
-        let mut hook_failures = 0;
+        let Tried {
+            mut maybe_written,
+            mut hook_failures,
+        } = tried;
         loop {
             let sent = Instant::now();
             let result = finalize_once(&writer.backend, &self.hooks, job, &action).await;
@@ -305,11 +440,11 @@ impl<B: Backend> Writer<B> {
 
     /// Writes `outcomes` in one batch, tried again on the schedule while the error is transient
     /// and the latest deadline allows; a batch the database refuses is split in halves until
-    /// the refused item stands alone.
-    async fn write_batch(&self, outcomes: Vec<Outcome>) {
+    /// the refused item stands alone. `maybe_written`: an earlier try may have committed.
+    async fn write_batch(&self, outcomes: Vec<Outcome>, maybe_written: bool) {
         // Each batch with whether an earlier try of it may have committed (a lost reply): its
         // halves inherit that, so a refusal after a lost reply is still checked, never Stale.
-        let mut todo = vec![(outcomes, false)];
+        let mut todo = vec![(outcomes, maybe_written)];
         while let Some((batch, maybe_written)) = todo.pop() {
             match self.write_many(&batch, maybe_written).await {
                 Ok(written) => self.report_all(&batch, written),
@@ -371,6 +506,66 @@ impl<B: Backend> Writer<B> {
                     tokio::time::sleep(pause).await;
                 }
             }
+        }
+    }
+
+    /// Writes `batch` and claims for `ask` in one statement, and answers the claim. When that
+    /// fails, the claim is sent again alone at once (a bad outcome or a lost reply must not
+    /// hold up the dispatcher), then the outcomes are written as after a lost reply. Jobs
+    /// claimed for a dispatcher that stopped waiting are released.
+    async fn write_with_claim(&self, batch: Vec<Outcome>, ask: ClaimAsk) {
+        let items: Vec<(Claim, Finalize)> =
+            batch.iter().map(|o| (o.claim, o.action.clone())).collect();
+        let sent = Instant::now();
+        let result = self
+            .backend
+            .finalize_and_claim(&items, ask.request.clone())
+            .await;
+        if !batch.is_empty() {
+            self.metrics.finalize(sent.elapsed());
+        }
+        match result {
+            Ok((outcomes, claimed)) => {
+                self.answer(ask.reply, Ok(claimed)).await;
+                let written = outcomes.into_iter().map(Written::Done).collect();
+                self.report_all(&batch, written);
+            }
+            Err(err) => {
+                let claimed = self.backend.claim(ask.request).await;
+                self.answer(ask.reply, claimed).await;
+                if !batch.is_empty() {
+                    events::finalize_retry(self.backend.queue(), batch.len(), &err, Duration::ZERO);
+                    self.write_batch(batch, err.is_transient()).await;
+                }
+            }
+        }
+    }
+
+    /// Hands a claim's result to the dispatcher; if it stopped waiting (its shutdown gave up
+    /// on the claim), gives the jobs back.
+    async fn answer(
+        &self,
+        reply: oneshot::Sender<Result<ClaimBatch>>,
+        claimed: Result<ClaimBatch>,
+    ) {
+        if let Err(Ok(orphans)) = reply.send(claimed) {
+            let outcomes = orphans
+                .jobs
+                .iter()
+                .map(|job| {
+                    events::claim_released(
+                        self.backend.queue(),
+                        job.claim(),
+                        "the claimer stopped waiting",
+                    );
+                    Outcome {
+                        claim: job.claim(),
+                        action: Finalize::Release,
+                        deadline: Instant::now() + LONGEST_PAUSE,
+                    }
+                })
+                .collect();
+            self.write_batch(outcomes, false).await;
         }
     }
 
@@ -442,10 +637,12 @@ fn count(stats: &mut WorkerStats, action: &Finalize, written: &Written) {
 }
 
 /// Collects outcomes of hookless jobs and writes them in batches: each job is still fenced on
-/// its own generation, one outcome per job.
+/// its own generation, one outcome per job. When claims carry outcomes, it also sends the
+/// dispatcher's claims, each with what is waiting.
 struct Batcher<B> {
     writer: Arc<Writer<B>>,
     rx: mpsc::Receiver<Outcome>,
+    asks: Option<mpsc::Receiver<ClaimAsk>>,
     done: CancellationToken,
 }
 
@@ -453,27 +650,177 @@ impl<B: Backend> Batcher<B> {
     async fn run(mut self) {
         let mut batch = Vec::with_capacity(BATCH_LIMIT);
         loop {
+            let mut ask = None;
             tokio::select! {
                 biased;
+                Some(asked) = recv_ask(&mut self.asks) => ask = Some(asked),
                 _ = self.rx.recv_many(&mut batch, BATCH_LIMIT) => {}
-                _ = self.done.cancelled() => {
-                    while batch.len() < BATCH_LIMIT {
-                        match self.rx.try_recv() {
-                            Ok(item) => batch.push(item),
-                            Err(_) => break,
-                        }
+                _ = self.done.cancelled() => {}
+            }
+            if ask.is_none() && !batch.is_empty() && !self.done.is_cancelled() {
+                ask = self.linger(&mut batch).await;
+            }
+            // Whatever else is waiting goes too (all of it at shutdown).
+            while batch.len() < BATCH_LIMIT {
+                match self.rx.try_recv() {
+                    Ok(item) => batch.push(item),
+                    Err(_) => break,
+                }
+            }
+            let outcomes = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_LIMIT));
+            match ask {
+                Some(ask) => self.writer.write_with_claim(outcomes, ask).await,
+                None if outcomes.is_empty() => return,
+                None => self.writer.write_batch(outcomes, false).await,
+            }
+        }
+    }
+
+    /// Holds `batch` for a claim to carry it, up to [`LINGER`] or until it is full; returns the
+    /// claim if one came. Returns at once when claims do not carry outcomes.
+    async fn linger(&mut self, batch: &mut Vec<Outcome>) -> Option<ClaimAsk> {
+        let asks = self.asks.as_mut()?;
+        let until = Instant::now() + LINGER;
+        while batch.len() < BATCH_LIMIT {
+            tokio::select! {
+                biased;
+                asked = asks.recv() => return asked,
+                got = self.rx.recv_many(batch, BATCH_LIMIT - batch.len()) => {
+                    if got == 0 {
+                        return None;
+                    }
+                }
+                _ = tokio::time::sleep_until(until) => return None,
+                _ = self.done.cancelled() => return None,
+            }
+        }
+        None
+    }
+}
+
+/// The next claim asked for, or never when claims do not carry outcomes (or no one can ask).
+async fn recv_ask(asks: &mut Option<mpsc::Receiver<ClaimAsk>>) -> Option<ClaimAsk> {
+    match asks {
+        Some(asks) => asks.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Collects outcomes of jobs with hooks and writes them many to a transaction, a savepoint per
+/// job ([`finalize_batch`]), up to [`HOOKED_WRITERS`] transactions at once. A job whose hook
+/// failed, and every job of a transaction that failed as a whole, is written again alone on
+/// the one-job schedule, in a task of its own so that the batches keep flowing.
+struct HookedBatcher<B: Backend, P> {
+    hooked: Arc<Hooked<B, P>>,
+    rx: mpsc::Receiver<HookedOutcome>,
+    done: CancellationToken,
+    alone: JoinSet<()>,
+}
+
+/// Outcomes to write again alone, with what their batch's try left.
+type Leftovers = Vec<(HookedOutcome, Tried)>;
+
+impl<B, P> HookedBatcher<B, P>
+where
+    B: Backend,
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    async fn run(mut self) {
+        let mut writing: JoinSet<Leftovers> = JoinSet::new();
+        let mut batch = Vec::with_capacity(HOOKED_BATCH_LIMIT);
+        loop {
+            let closing = tokio::select! {
+                biased;
+                Some(written) = writing.join_next(), if !writing.is_empty() => {
+                    self.write_alone(written);
+                    continue;
+                }
+                _ = self.rx.recv_many(&mut batch, HOOKED_BATCH_LIMIT),
+                    if writing.len() < HOOKED_WRITERS => false,
+                _ = self.done.cancelled(), if writing.len() < HOOKED_WRITERS => true,
+            };
+            if closing {
+                while batch.len() < HOOKED_BATCH_LIMIT {
+                    match self.rx.try_recv() {
+                        Ok(item) => batch.push(item),
+                        Err(_) => break,
                     }
                 }
             }
+            while self.alone.try_join_next().is_some() {}
             if batch.is_empty() {
+                // What is being written, and what is written alone, ends within its jobs'
+                // deadlines (or shutdown's).
+                while let Some(written) = writing.join_next().await {
+                    self.write_alone(written);
+                }
+                while self.alone.join_next().await.is_some() {}
                 return;
             }
-            self.writer
-                .write_batch(std::mem::replace(
-                    &mut batch,
-                    Vec::with_capacity(BATCH_LIMIT),
-                ))
-                .await;
+            let outcomes = std::mem::replace(&mut batch, Vec::with_capacity(HOOKED_BATCH_LIMIT));
+            writing.spawn(write_hooked(self.hooked.clone(), outcomes));
         }
     }
+
+    /// Writes alone, each in a task of its own, what a batch could not write (a task that
+    /// panicked leaves its jobs to their leases).
+    fn write_alone(&mut self, written: Result<Leftovers, tokio::task::JoinError>) {
+        for (outcome, tried) in written.unwrap_or_default() {
+            let hooked = self.hooked.clone();
+            self.alone.spawn(async move {
+                let HookedOutcome {
+                    job,
+                    action,
+                    deadline,
+                } = outcome;
+                hooked.finish_now(&job, action, deadline, tried).await;
+            });
+        }
+    }
+}
+
+/// Writes `batch` in one transaction and reports what it wrote; returns what must be written
+/// again alone.
+async fn write_hooked<B, P>(hooked: Arc<Hooked<B, P>>, batch: Vec<HookedOutcome>) -> Leftovers
+where
+    B: Backend,
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    let writer = &hooked.writer;
+    let queue = writer.backend.queue();
+    let items: Vec<(&ClaimedJob, &Finalize)> = batch.iter().map(|o| (&o.job, &o.action)).collect();
+    let sent = Instant::now();
+    let result = finalize_batch(&writer.backend, &hooked.hooks, &items).await;
+    writer.metrics.finalize(sent.elapsed());
+    drop(items);
+    let answers = match result {
+        Ok(answers) => answers,
+        Err(err) => {
+            events::finalize_retry(queue, batch.len(), &err, Duration::ZERO);
+            let tried = Tried {
+                maybe_written: err.is_transient(),
+                hook_failures: 0,
+            };
+            return batch.into_iter().map(|o| (o, tried)).collect();
+        }
+    };
+    let mut leftovers = Vec::new();
+    for (outcome, answer) in batch.into_iter().zip(answers) {
+        match answer {
+            Ok(written) => {
+                let claim = outcome.job.claim();
+                writer.report(claim, &outcome.action, &Written::Done(written));
+            }
+            Err(err) => {
+                writer.metrics.hook_failed();
+                events::finalize_retry(queue, 1, &err, Duration::ZERO);
+                let tried = Tried {
+                    maybe_written: false,
+                    hook_failures: 1,
+                };
+                leftovers.push((outcome, tried));
+            }
+        }
+    }
+    leftovers
 }

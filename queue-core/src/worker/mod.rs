@@ -101,7 +101,11 @@ impl<B: Backend, H: Handler> Worker<B, H> {
             self.hooks,
             (stats_tx.clone(), metrics.clone()),
             self.config.lease.duration(),
-            (self.config.batch_finalize, self.config.slots()),
+            (
+                self.config.batch_finalize,
+                self.config.fuse_claims,
+                self.config.slots(),
+            ),
         );
         let shared = Arc::new(Shared {
             backend: self.backend,

@@ -7,7 +7,7 @@
 //! ```text
 //! exchange-demo [--jobs 3000] [--workers 4] [--concurrency 16] [--fail-rate 0.05]
 //!               [--backend sqlite|postgres|memory] [--database-url URL] [--db-path FILE]
-//!               [--keep-db] [--kill [--kills 6]] [--no-progress]
+//!               [--keep-db] [--kill [--kills 6]] [--no-progress] [--one-transaction-per-send]
 //! ```
 //! The last line is `summary: jobs=N sent=S failed=F duplicate_posts=D explained=E
 //! conflicting_events=C stale_fenced=K kills=X backend=B mode=M elapsed_ms=T`; the exit status
@@ -42,6 +42,7 @@ async fn main() -> Result<()> {
         concurrency: usize::try_from(args.concurrency)?,
         fail_rate: args.fail_rate,
         progress: !args.no_progress,
+        batch_outcomes: !args.one_transaction_per_send,
         ..DemoConfig::default()
     };
     let backend = args.backend();

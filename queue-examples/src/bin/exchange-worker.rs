@@ -80,6 +80,7 @@ async fn main() -> Result<()> {
         lease_margin: Duration::from_secs(args.lease_margin_secs),
         retry_base: Duration::from_millis(args.retry_base_ms),
         poll_interval: Duration::from_millis(args.poll_ms),
+        batch_outcomes: true,
     };
     let worker_config = config.worker_config(&partners)?;
     // Before any queue or worker exists: they take their metric handles when they start.

@@ -621,6 +621,10 @@ pub struct ExchangeConfig {
     /// the finalize transaction and pool waits. Lower it only where those are known to be
     /// short (the chaos suite's local runs).
     pub lease_margin: Duration,
+    /// Write the outcomes many to a transaction, a savepoint per send (default true; see
+    /// [`queue_core::WorkerConfig::batch_finalize`]); false writes each in a transaction of
+    /// its own.
+    pub batch_outcomes: bool,
 }
 
 impl Default for ExchangeConfig {
@@ -632,6 +636,7 @@ impl Default for ExchangeConfig {
             retry_base: Duration::from_secs(1),
             poll_interval: Duration::from_secs(1),
             lease_margin: LEASE_MARGIN,
+            batch_outcomes: true,
         }
     }
 }
@@ -662,6 +667,7 @@ impl ExchangeConfig {
                 max_delay: (self.retry_base * 64).max(self.retry_base),
                 jitter: true,
             },
+            batch_finalize: self.batch_outcomes,
             ..WorkerConfig::default()
         })
     }

@@ -190,9 +190,18 @@ impl Drop for ScratchDb {
 }
 
 /// The claim statement rendered for `table`, for tests that read its plan (`EXPLAIN`): `$1`
-/// queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap, `$5` the claimer's name.
+/// queue, `$2` batch size, `$3` lease in seconds, `$4` reclaim cap, `$5` the claimer's name,
+/// `$6` the claim's token, `$7` ids never to take over.
 pub fn claim_sql(table: &TableName) -> String {
-    crate::sql::for_table(crate::sql::CLAIM, table).expect("the claim renders for any table")
+    crate::sql::claim(table).expect("the claim renders for any table")
+}
+
+/// The claim that also writes outcomes, rendered for `table`, for tests that read its plan:
+/// `$1` to `$10` the outcomes' arrays as the finalize binds them (ids, generations, statuses,
+/// give-backs, run instants, delays, errors, terminal flags, kinds, tokens), then `$11` to `$17`
+/// as [`claim_sql`]'s `$1` to `$7`.
+pub fn finalize_claim_sql(table: &TableName) -> String {
+    crate::sql::finalize_claim(table).expect("the fused claim renders for any table")
 }
 
 /// The admin listing rendered for `table` and `statuses`, for tests that read its plan: `$1`

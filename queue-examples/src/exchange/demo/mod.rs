@@ -45,6 +45,8 @@ pub struct DemoConfig {
     pub progress: bool,
     /// Give up if not every job is terminal by then.
     pub deadline: Duration,
+    /// Write outcomes many to a transaction ([`ExchangeConfig::batch_outcomes`]).
+    pub batch_outcomes: bool,
 }
 
 impl Default for DemoConfig {
@@ -59,6 +61,7 @@ impl Default for DemoConfig {
             restart_at: 0.5,
             progress: true,
             deadline: Duration::from_secs(600),
+            batch_outcomes: true,
         }
     }
 }
@@ -165,6 +168,7 @@ pub async fn run<S: ExchangeStore>(
         concurrency: config.concurrency,
         retry_base: Duration::from_millis(20),
         poll_interval: Duration::from_millis(250),
+        batch_outcomes: config.batch_outcomes,
         ..ExchangeConfig::default()
     };
     let mut workers: Vec<WorkerHandle> = (0..config.workers.max(1))

@@ -1,0 +1,52 @@
+-- The claim's picks and its update, shared by claim.sql and finalize_claim.sql (each renders
+-- this file in place of its claim_picks token; claim.sql says what they guarantee).
+-- Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its own.
+due AS MATERIALIZED (
+    SELECT id, next_attempt_at, priority, reclaims, false AS expired
+    FROM "{{table}}"
+    WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
+                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
+    ORDER BY next_attempt_at, priority, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+expired AS MATERIALIZED (
+    SELECT id, next_attempt_at, priority, reclaims, true AS expired
+    FROM "{{table}}"
+    WHERE queue = $1 AND status = 'in_flight'
+      AND (lease_expires_at < now() OR lease_expires_at IS NULL)
+      AND (lease_generation = claim_generation
+           OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
+      AND id <> ALL($7::bigint[])
+      AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
+                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
+    ORDER BY lease_expires_at NULLS FIRST
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+picked AS (
+    SELECT id, expired, reclaims
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    ORDER BY next_attempt_at, priority, id
+    LIMIT $2
+),
+claimed AS (
+    UPDATE "{{table}}" AS j
+    SET status = 'in_flight',
+        attempts = j.attempts + 1,
+        reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
+        claimed_at = now(),
+        claimed_by = $5,
+        lease_expires_at = now() + make_interval(secs => $3),
+        lease_generation = j.claim_generation + 1,
+        claim_generation = j.claim_generation + 1,
+        claim_token = $6,
+        updated_at = now()
+    FROM picked AS p
+    WHERE j.id = p.id
+    RETURNING j.id, j.claim_generation, j.claim_token, j.attempts, j.reclaims, j.claimed_at, j.priority,
+              j.payload, j.next_attempt_at, p.expired AS taken_over,
+              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,
+              j.cancel_requested_at IS NOT NULL AS cancel_requested
+)
