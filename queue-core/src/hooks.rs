@@ -486,7 +486,8 @@ mod tests {
             tx: &mut MemoryTx,
             event: &FinalizeEvent<'_, Value>,
         ) -> Result<(), BoxError> {
-            self.after_applied_batch(tx, std::slice::from_ref(event)).await
+            self.after_applied_batch(tx, std::slice::from_ref(event))
+                .await
         }
 
         async fn after_applied_batch(
@@ -531,7 +532,11 @@ mod tests {
         let mut ghost = jobs[1].clone();
         ghost.token = stale.token;
         let complete = Finalize::Complete;
-        let items = [(&jobs[0], &complete), (&ghost, &complete), (&jobs[2], &complete)];
+        let items = [
+            (&jobs[0], &complete),
+            (&ghost, &complete),
+            (&jobs[2], &complete),
+        ];
         let answers = finalize_batch(&backend, &hooks, &items).await.unwrap();
         let answers: Vec<FinalizeOutcome> = answers.into_iter().map(Result::unwrap).collect();
         use FinalizeOutcome::{Applied, Stale};

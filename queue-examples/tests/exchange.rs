@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use queue_core::{
-    Backend, CancelOutcome, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease,
-    RetryTarget, Worker, WorkerHandle, finalize_with_hooks, retry_with_hooks,
+    Backend, BackendTx, CancelOutcome, ClaimRequest, Finalize, FinalizeEvent, FinalizeOutcome,
+    JobId, JobStatus, Lease, Payload, RetryTarget, Worker, WorkerHandle, finalize_with_hooks,
+    retry_with_hooks,
 };
 use queue_examples::exchange::demo::{self, DemoConfig};
 use queue_examples::exchange::partner_server::{Behavior, PartnerServer};
@@ -1488,5 +1489,73 @@ async fn exchange_admin_keeps_transactions_right() {
         "{out}"
     );
     assert_eq!(store.transaction(id).await.unwrap().unwrap(), reopened);
+    db.drop_db().await;
+}
+
+/// The send outcome on PostgreSQL for a batch of jobs in one transaction (how the worker
+/// writes outcomes with hooks): each transaction is stamped with its own job's outcome through
+/// the guard, with one event of the right generation each, and a stale job of the batch
+/// stamps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_outcomes_stamps_each_transaction_once() {
+    let (db, store) = exchange_db().await;
+    let ids = store
+        .create_transactions(&[("acme".into(), 1), ("acme".into(), 2), ("acme".into(), 3)])
+        .await
+        .unwrap();
+    let jobs = store
+        .queue()
+        .claim(ClaimRequest::new(3, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert_eq!(jobs.len(), 3);
+    let payloads: Vec<SendPayload> = jobs
+        .iter()
+        .map(|j| serde_json::from_value(j.payload.clone()).unwrap())
+        .collect();
+    let failed = Finalize::Fail {
+        error: "refused by the partner".into(),
+    };
+    let actions = [Finalize::Complete, failed, Finalize::Complete];
+    let hooks = store.hooks();
+    let mut tx = store.queue().begin().await.unwrap();
+    let writes: Vec<_> = jobs
+        .iter()
+        .zip(&actions)
+        .map(|(j, a)| (j.claim(), a.clone()))
+        .collect();
+    let outcomes = store
+        .queue()
+        .finalize_many_in(&mut tx, &writes)
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(|o| *o == FinalizeOutcome::Applied));
+    let events: Vec<FinalizeEvent<'_, SendPayload>> = (0..3)
+        .map(|i| FinalizeEvent {
+            job: &jobs[i],
+            payload: Payload::Parsed(&payloads[i]),
+            action: &actions[i],
+        })
+        .collect();
+    hooks.run_batch(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    let by_transaction: HashMap<i64, usize> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.transaction_id, i))
+        .collect();
+    for id in ids {
+        let i = by_transaction[&id];
+        let view = store.transaction(id).await.unwrap().unwrap();
+        let wanted = match actions[i] {
+            Finalize::Complete => TransactionStatus::Success,
+            _ => TransactionStatus::Failed,
+        };
+        assert_eq!(view.status, wanted, "transaction {id}");
+        let events = store.events(id).await.unwrap();
+        assert_eq!(events.len(), 1, "transaction {id}: {events:?}");
+        assert_eq!(events[0].claim_generation, jobs[i].generation.0);
+    }
     db.drop_db().await;
 }

@@ -46,54 +46,68 @@ UPDATE exchange_transactions SET status = $2, updated_at = now()
 WHERE id = $1 AND ($2 NOT IN ('success', 'failed') OR status NOT IN ('success', 'failed'))
 "#;
 
-/// A send job's outcome on its transaction, in the finalize transaction: the transaction the
-/// job row belongs to (its own `transaction_id` column) is stamped through the terminal guard,
-/// and the event is staged only if this stamp applied. The status is the outcome's only when
-/// the payload named that same transaction and its idempotency key; otherwise the transaction
-/// fails (what was sent, if anything, was not its transmission). `$1` send job, `$2` claim
-/// generation, `$3` the status the outcome leads to, `$4` its event type, `$5` and `$6` the
-/// payload's transaction and key (NULL: none could be read). Returns the transaction, whether
-/// the payload was its own and whether it was stamped; no row when the job has no transaction.
-const SEND_OUTCOME: &str = r#"
-WITH job AS (
-    SELECT j.transaction_id,
-           (j.transaction_id = $5 AND t.correlation_id = $6) IS TRUE AS own_payload
-    FROM exchange_send_jobs AS j
-    LEFT JOIN exchange_transactions AS t ON t.id = j.transaction_id
-    WHERE j.id = $1
+/// Send jobs' outcomes on their transactions, for a batch of jobs in the finalize
+/// transaction (one job is a batch of one): the transaction each job row belongs to (its own
+/// `transaction_id` column) is stamped through the terminal guard, and the event is staged
+/// only if this stamp applied. The status is the outcome's only when the payload named that
+/// same transaction and its idempotency key; otherwise the transaction fails (what was sent,
+/// if anything, was not its transmission). Two jobs of one transaction in one batch: one stamp
+/// applies and the other is refused, as when they come one after the other. One array element
+/// per job: `$1` send job, `$2` claim generation, `$3` the status the outcome leads to, `$4`
+/// its event type, `$5` and `$6` the payload's transaction and key (NULL: none could be read).
+/// Returns, per job that has a transaction, the transaction, whether the payload was its own
+/// and whether it was stamped.
+const SEND_OUTCOMES: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[],
+                         $6::text[])
+        AS i(job_id, generation, status, event_type, named, key)
 ),
 outcome AS (
-    SELECT transaction_id, own_payload,
-           CASE WHEN own_payload THEN $3 ELSE 'failed' END AS status,
-           CASE WHEN own_payload THEN $4 ELSE 'exchange.failed' END AS event_type
-    FROM job
+    SELECT i.job_id, i.generation, j.transaction_id, own.payload AS own_payload,
+           CASE WHEN own.payload THEN i.status ELSE 'failed' END AS status,
+           CASE WHEN own.payload THEN i.event_type ELSE 'exchange.failed' END AS event_type
+    FROM input AS i
+    JOIN exchange_send_jobs AS j ON j.id = i.job_id
+    LEFT JOIN exchange_transactions AS t ON t.id = j.transaction_id
+    CROSS JOIN LATERAL (SELECT (j.transaction_id = i.named AND t.correlation_id = i.key)
+                               IS TRUE AS payload) AS own
 ),
 stamped AS (
     UPDATE exchange_transactions AS t SET status = outcome.status, updated_at = now()
     FROM outcome
     WHERE t.id = outcome.transaction_id AND t.status NOT IN ('success', 'failed')
-    RETURNING t.id, t.correlation_id, outcome.event_type
+    RETURNING t.id, t.correlation_id, outcome.event_type, outcome.job_id, outcome.generation
 ),
 staged AS (
     INSERT INTO exchange_outbox (event_type, transaction_id, correlation_id, send_job_id,
                                  claim_generation)
-    SELECT event_type, id, correlation_id, $1, $2 FROM stamped
-    RETURNING transaction_id
+    SELECT event_type, id, correlation_id, job_id, generation FROM stamped
+    RETURNING send_job_id
 )
-SELECT outcome.transaction_id, outcome.own_payload, EXISTS (SELECT 1 FROM staged) AS stamped
+SELECT outcome.job_id, outcome.transaction_id, outcome.own_payload,
+       EXISTS (SELECT 1 FROM staged WHERE staged.send_job_id = outcome.job_id) AS stamped
 FROM outcome JOIN exchange_transactions AS t ON t.id = outcome.transaction_id
 "#;
 
-/// A failed attempt's kind on the transaction it sent, in the finalize transaction: the key
-/// turns ambiguous if this failure was and stays so (see [`FailureKind`]). Only while the
-/// transaction is open and only for its current key: a payload with another key sent nothing
-/// under it. `$1` send job, `$2` the failure's kind, `$3` the payload's key.
-const RECORD_FAILURE: &str = r#"
+/// Failed attempts' kinds on the transactions they sent, for a batch of jobs in the finalize
+/// transaction: a key turns ambiguous if a failure under it was and stays so (see
+/// [`FailureKind`]); several failures of one transaction in a batch count as one, ambiguous if
+/// any was. Only while the transaction is open and only for its current key: a payload with
+/// another key sent nothing under it. One array element per job: `$1` send job, `$2` the
+/// failure's kind, `$3` the payload's key.
+const RECORD_FAILURES: &str = r#"
+WITH failure AS (
+    SELECT j.transaction_id, i.key, bool_or(i.kind = 'ambiguous') AS ambiguous
+    FROM unnest($1::bigint[], $2::text[], $3::text[]) AS i(job_id, kind, key)
+    JOIN exchange_send_jobs AS j ON j.id = i.job_id
+    GROUP BY j.transaction_id, i.key
+)
 UPDATE exchange_transactions AS t
-SET send_failure = CASE WHEN $2 = 'ambiguous' OR t.send_failure = 'ambiguous'
+SET send_failure = CASE WHEN f.ambiguous OR t.send_failure = 'ambiguous'
                         THEN 'ambiguous' ELSE 'definitive' END
-FROM exchange_send_jobs AS j
-WHERE j.id = $1 AND t.id = j.transaction_id AND t.correlation_id = $3 AND t.status = 'pending'
+FROM failure AS f
+WHERE t.id = f.transaction_id AND t.correlation_id = f.key AND t.status = 'pending'
 "#;
 
 /// The transaction a send job's row belongs to. `$1` send job.
@@ -275,6 +289,37 @@ impl<D: Driver> PgExchange<D> {
 /// that names another transaction or key fails the job's own (logged as a mismatch).
 struct SendOutcome;
 
+/// The arrays of [`SEND_OUTCOMES`], one element per job.
+#[derive(Default)]
+struct Outcomes {
+    jobs: Vec<i64>,
+    generations: Vec<i64>,
+    statuses: Vec<&'static str>,
+    wanted: Vec<TransactionStatus>,
+    event_types: Vec<&'static str>,
+    named: Vec<Option<i64>>,
+    keys: Vec<Option<String>>,
+}
+
+impl Outcomes {
+    fn push(
+        &mut self,
+        job: &queue_core::ClaimedJob,
+        status: TransactionStatus,
+        event_type: EventType,
+        named: Option<i64>,
+        key: Option<String>,
+    ) {
+        self.jobs.push(job.id.0);
+        self.generations.push(job.generation.0);
+        self.statuses.push(status.as_str());
+        self.wanted.push(status);
+        self.event_types.push(event_type.as_str());
+        self.named.push(named);
+        self.keys.push(key);
+    }
+}
+
 impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
     fn name(&self) -> &str {
         "exchange.send_outcome"
@@ -285,47 +330,19 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendPayload> for SendOutcome {
         tx: &mut PostgresTx<D>,
         event: &FinalizeEvent<'_, SendPayload>,
     ) -> Result<(), BoxError> {
-        let job = event.job;
-        let (named, key) = match &event.payload {
-            Payload::Parsed(payload) => (
-                Some(payload.transaction_id),
-                Some(payload.correlation_id.as_str()),
-            ),
-            Payload::Malformed => (None, None),
-        };
-        if let (Some(kind), Some(key)) = (FailureKind::of_outcome(event.action), key) {
-            tx.execute(RECORD_FAILURE, (job.id.0, kind.as_str(), key))
-                .await?;
-        }
-        let Some((event_type, status)) = EventType::for_outcome(event.action) else {
-            return Ok(());
-        };
-        let params = (
-            job.id.0,
-            job.generation.0,
-            status.as_str(),
-            event_type.as_str(),
-            named,
-            key,
-        );
-        let rows = tx.query(SEND_OUTCOME, params).await?;
-        let Some(row) = rows.first() else {
-            return Err(format!("send job {} has no transaction", job.id).into());
-        };
-        let own: i64 = row.get("transaction_id")?;
-        let own_payload: bool = row.get("own_payload")?;
-        if named.is_some() && !own_payload && status != TransactionStatus::Failed {
-            events::payload_mismatch(job.id.0, own);
-        }
-        if !row.get::<bool>("stamped")? {
-            let wanted = if own_payload {
-                status
-            } else {
-                TransactionStatus::Failed
-            };
-            guard_refused(own, wanted, job.id.0);
-        }
-        Ok(())
+        SendOutcome::apply(tx, std::slice::from_ref(event)).await
+    }
+
+    async fn after_applied_batch(
+        &self,
+        tx: &mut PostgresTx<D>,
+        events: &[FinalizeEvent<'_, SendPayload>],
+    ) -> Result<(), BoxError>
+    where
+        PostgresTx<D>: Send,
+        SendPayload: Sync,
+    {
+        SendOutcome::apply(tx, events).await
     }
 
     async fn after_reopened(
@@ -345,6 +362,81 @@ pub fn send_hooks<D: Driver>() -> Hooks<PostgresTx<D>, SendPayload> {
 }
 
 impl SendOutcome {
+    /// The outcomes of `events` on their transactions: failures recorded, then stamps and
+    /// events staged, one statement each for the whole batch.
+    async fn apply<D: Driver>(
+        tx: &mut PostgresTx<D>,
+        events: &[FinalizeEvent<'_, SendPayload>],
+    ) -> Result<(), BoxError> {
+        let payload = |event: &FinalizeEvent<'_, SendPayload>| match &event.payload {
+            Payload::Parsed(payload) => (
+                Some(payload.transaction_id),
+                Some(payload.correlation_id.clone()),
+            ),
+            Payload::Malformed => (None, None),
+        };
+        let (mut failed, mut kinds, mut failed_keys) = (Vec::new(), Vec::new(), Vec::new());
+        let mut outcomes = Outcomes::default();
+        for event in events {
+            let (named, key) = payload(event);
+            if let (Some(kind), Some(key)) = (FailureKind::of_outcome(event.action), &key) {
+                failed.push(event.job.id.0);
+                kinds.push(kind.as_str());
+                failed_keys.push(key.clone());
+            }
+            if let Some((event_type, status)) = EventType::for_outcome(event.action) {
+                outcomes.push(event.job, status, event_type, named, key);
+            }
+        }
+        if !failed.is_empty() {
+            tx.execute(RECORD_FAILURES, (&failed, &kinds, &failed_keys))
+                .await?;
+        }
+        if outcomes.jobs.is_empty() {
+            return Ok(());
+        }
+        let params = (
+            &outcomes.jobs,
+            &outcomes.generations,
+            &outcomes.statuses,
+            &outcomes.event_types,
+            &outcomes.named,
+            &outcomes.keys,
+        );
+        let rows = tx.query(SEND_OUTCOMES, params).await?;
+        let mut answered = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let job: i64 = row.get("job_id")?;
+            let own: i64 = row.get("transaction_id")?;
+            answered.insert(
+                job,
+                (
+                    own,
+                    row.get::<bool>("own_payload")?,
+                    row.get::<bool>("stamped")?,
+                ),
+            );
+        }
+        for (i, &job) in outcomes.jobs.iter().enumerate() {
+            let Some(&(own, own_payload, stamped)) = answered.get(&job) else {
+                return Err(format!("send job {job} has no transaction").into());
+            };
+            let status = outcomes.wanted[i];
+            if outcomes.named[i].is_some() && !own_payload && status != TransactionStatus::Failed {
+                events::payload_mismatch(job, own);
+            }
+            if !stamped {
+                let wanted = if own_payload {
+                    status
+                } else {
+                    TransactionStatus::Failed
+                };
+                guard_refused(own, wanted, job);
+            }
+        }
+        Ok(())
+    }
+
     /// An operator reopens a dead, failed or cancelled send job: its transaction follows by
     /// `retry_failed_transaction`'s rules (only a failed transaction, and only through its
     /// latest send job; the key kept after an ambiguous failure, repointed after a definitive
