@@ -9,7 +9,9 @@
 //!   form (kept here only as the baseline it replaced). A shape's rows are loaded only when a
 //!   benchmark of it runs (10M rows take about two minutes to load).
 //! * `finalize/one_by_one` vs `finalize/batched`: completing 100 claimed jobs.
-//! * `enqueue/one` vs `enqueue/many_1000`.
+//! * `enqueue/one` vs `enqueue/many/{1000,10000,100000}` (no unique keys; also through the
+//!   tokio-postgres driver, `many_tokio_postgres`) and
+//!   `enqueue/keyed/{1000,10000}` (a new unique key per job).
 //! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
 //! * `drivers/{claim_100,finalize_100}/{sqlx,tokio-postgres}`: the two PostgreSQL drivers side by
 //!   side on one database.
@@ -218,6 +220,16 @@ fn enqueue(c: &mut Criterion) {
     let rt = runtime();
     let db = rt.block_on(benches::scratch_db());
     let queue = rt.block_on(benches::queue(&db.pool));
+    let tp = rt
+        .block_on(queue_postgres::TokioPostgresQueue::connect(
+            db.tokio_postgres_pool(4),
+            queue_postgres::PgQueueConfig {
+                listen: false,
+                ..queue_postgres::PgQueueConfig::default()
+            },
+            db.tokio_postgres_config(),
+        ))
+        .unwrap();
     let mut group = c.benchmark_group("enqueue");
     group
         .sample_size(20)
@@ -236,18 +248,52 @@ fn enqueue(c: &mut Criterion) {
             }
         })
     });
-    group.throughput(Throughput::Elements(1000));
-    group.bench_function("many_1000", |b| {
-        b.to_async(&rt).iter(|| {
-            let queue = queue.clone();
-            async move {
-                let jobs = (0..1000)
-                    .map(|n| queue_core::NewJob::from_value(serde_json::json!({ "n": n })))
-                    .collect();
-                queue.enqueue_many(jobs).await.unwrap()
-            }
-        })
-    });
+    // Jobs without unique keys take enqueue_plain.sql; with keys (each new), enqueue.sql.
+    let fresh = std::sync::atomic::AtomicU64::new(0);
+    for (size, keyed) in [
+        (1_000, false),
+        (10_000, false),
+        (100_000, false),
+        (1_000, true),
+        (10_000, true),
+    ] {
+        group.throughput(Throughput::Elements(size));
+        group.sample_size(10);
+        let name = if keyed { "keyed" } else { "many" };
+        if !keyed {
+            let fresh = &fresh;
+            group.bench_function(BenchmarkId::new("many_tokio_postgres", size), |b| {
+                b.to_async(&rt).iter(|| {
+                    let queue = tp.clone();
+                    let first = fresh.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+                    async move {
+                        let jobs = (first..first + size)
+                            .map(|n| queue_core::NewJob::from_value(serde_json::json!({ "n": n })))
+                            .collect();
+                        queue.enqueue_many(jobs).await.unwrap()
+                    }
+                })
+            });
+        }
+        group.bench_function(BenchmarkId::new(name, size), |b| {
+            b.to_async(&rt).iter(|| {
+                let queue = queue.clone();
+                let first = fresh.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+                async move {
+                    let jobs = (first..first + size)
+                        .map(|n| {
+                            let job = queue_core::NewJob::from_value(serde_json::json!({ "n": n }));
+                            match keyed {
+                                true => job.unique_key(format!("k{n}")),
+                                false => job,
+                            }
+                        })
+                        .collect();
+                    queue.enqueue_many(jobs).await.unwrap()
+                }
+            })
+        });
+    }
     group.finish();
     rt.block_on(db.drop_db());
 }

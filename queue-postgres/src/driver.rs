@@ -73,6 +73,13 @@ pub trait Driver: Sealed + Sized + Send + Sync + 'static {
         conn: Self::Conn<'c>,
         sql: &'q str,
     ) -> BoxFuture<'q, Result<(), PgError>>;
+    /// Runs `statement` (`COPY … FROM STDIN`, text format) and sends it `data`, rows in COPY's
+    /// text format; returns how many rows it copied.
+    fn copy_in<'c: 'q, 'q>(
+        conn: Self::Conn<'c>,
+        statement: &'q str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'q, Result<u64, PgError>>;
     /// Reads `column` of `row`.
     fn get<T: Column>(row: &Self::Row, column: &str) -> Result<T, PgError>;
 }

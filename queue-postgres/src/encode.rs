@@ -112,6 +112,54 @@ pub(crate) fn outcomes(
         .collect()
 }
 
+/// The rows of `enqueue_copy.sql` in COPY's text format: one line per job with its id, the
+/// queue, the payload, the priority and the due time (`now` plus the delay, or the instant
+/// given), every text escaped as COPY reads it. `None` when a delay puts a due time out of
+/// range (the statement path then reports it as the database does).
+pub(crate) fn copy_rows(
+    ids: &[i64],
+    now: DateTime<Utc>,
+    queue: &str,
+    columns: &EnqueueColumns,
+) -> Option<Vec<u8>> {
+    let mut out = String::with_capacity(ids.len() * 64);
+    for (i, id) in ids.iter().enumerate() {
+        let due = match (columns.run_ats[i], columns.delays[i]) {
+            (Some(at), _) => at,
+            (None, Some(delay)) if delay.is_finite() && delay.abs() < 1e15 => {
+                now.checked_add_signed(chrono::TimeDelta::microseconds((delay * 1e6) as i64))?
+            }
+            (None, Some(_)) => return None,
+            (None, None) => now,
+        };
+        out.push_str(&id.to_string());
+        out.push('\t');
+        escape_copy_text(&mut out, queue);
+        out.push('\t');
+        escape_copy_text(&mut out, &columns.payloads[i].to_string());
+        out.push('\t');
+        out.push_str(&columns.priorities[i].to_string());
+        out.push('\t');
+        out.push_str(&due.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string());
+        out.push('\n');
+    }
+    Some(out.into_bytes())
+}
+
+/// Appends `text` escaped for COPY's text format: a backslash, tab, newline or carriage
+/// return would otherwise end a field or a row, or start an escape.
+fn escape_copy_text(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+}
+
 pub(crate) fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
     match run_at {
         RunAt::Now => (None, None),
@@ -128,6 +176,32 @@ pub(crate) fn parse_status(id: i64, status: String) -> Result<JobStatus, PgError
 mod tests {
     use super::*;
     use queue_core::{ClaimGeneration, ClaimToken, JobId};
+
+    #[test]
+    fn copy_rows_escape_what_would_end_a_field_or_a_row() {
+        // A tab, a backslash, a newline and a carriage return in a payload string.
+        let job = NewJob::from_value(serde_json::json!({ "s": "a\tb\\n\nc\r" }));
+        let columns = EnqueueColumns::new(vec![job]);
+        let now = DateTime::parse_from_rfc3339("2026-12-02T01:02:03.5Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let rows = copy_rows(&[7], now, r"q\1", &columns).unwrap();
+        let text = String::from_utf8(rows).unwrap();
+        // The JSON text keeps its own escapes, each backslash doubled for COPY; the queue's too.
+        let expected = [
+            "7",
+            r"q\\1",
+            r#"{"s":"a\\tb\\\\n\\nc\\r"}"#,
+            "0",
+            "2026-12-02 01:02:03.500000+00",
+        ]
+        .join("\t")
+            + "\n";
+        assert_eq!(text, expected);
+        let far = NewJob::from_value(serde_json::json!({}))
+            .run_at(RunAt::After(std::time::Duration::from_secs(u64::MAX / 2)));
+        assert!(copy_rows(&[1], now, "q", &EnqueueColumns::new(vec![far])).is_none());
+    }
 
     #[test]
     fn each_outcome_writes_its_status_and_only_what_it_owns() {

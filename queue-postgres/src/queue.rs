@@ -131,6 +131,32 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(enqueued)
     }
 
+    /// A bulk enqueue by `COPY` in a transaction of its own (see [`statement::enqueue_copy`]);
+    /// `None` when the statement path must take the jobs.
+    async fn enqueue_by_copy(&self, jobs: &[NewJob]) -> Result<Option<Vec<Enqueued>>, PgError> {
+        let config = &self.inner.config;
+        for job in jobs {
+            job.check_within(config.max_payload_bytes)?;
+        }
+        let target = EnqueueTarget {
+            queue: &config.queue,
+            quoted_table: &self.inner.quoted_table,
+            channel: config
+                .notify_on_enqueue
+                .then_some(self.inner.channel.as_str()),
+        };
+        let mut tx = D::begin(&self.inner.pool).await?;
+        let copied =
+            statement::enqueue_copy::<D>(D::in_tx(&mut tx), &self.inner.sql, &target, jobs).await?;
+        let Some(enqueued) = copied else {
+            D::rollback(tx).await?;
+            return Ok(None);
+        };
+        D::commit(tx).await?;
+        queue_core::metrics::record_enqueued(&config.queue, enqueued.len() as u64);
+        Ok(Some(enqueued))
+    }
+
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome
     /// per item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; each
     /// is written as [`Finalize::storable`] makes it; two items for one claim are refused
@@ -274,6 +300,11 @@ impl<D: Driver> Backend for PostgresQueue<D> {
     async fn enqueue_many(&self, jobs: Vec<NewJob>) -> queue_core::Result<Vec<Enqueued>> {
         if jobs.is_empty() {
             return Ok(Vec::new());
+        }
+        if statement::copies(&jobs)
+            && let Some(enqueued) = self.enqueue_by_copy(&jobs).await?
+        {
+            return Ok(enqueued);
         }
         let mut conn = D::acquire(&self.inner.pool).await?;
         Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)

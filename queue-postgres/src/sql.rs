@@ -27,6 +27,9 @@ macro_rules! template {
 }
 
 pub(crate) const ENQUEUE: Template = template!("enqueue.sql");
+pub(crate) const ENQUEUE_PLAIN: Template = template!("enqueue_plain.sql");
+pub(crate) const ENQUEUE_IDS: Template = template!("enqueue_ids.sql");
+pub(crate) const ENQUEUE_COPY: Template = template!("enqueue_copy.sql");
 pub(crate) const NOTIFY: Template = template!("notify.sql");
 pub(crate) const CLAIM: Template = template!("claim.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
@@ -292,6 +295,9 @@ pub(crate) fn claim_first_line() -> &'static str {
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     pub(crate) enqueue: Arc<str>,
+    pub(crate) enqueue_plain: Arc<str>,
+    pub(crate) enqueue_ids: Arc<str>,
+    pub(crate) enqueue_copy: Arc<str>,
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) finalize: Arc<str>,
@@ -319,6 +325,9 @@ impl Sql {
         let r = |template| for_table(template, table).map(Arc::from);
         Ok(Sql {
             enqueue: r(ENQUEUE)?,
+            enqueue_plain: r(ENQUEUE_PLAIN)?,
+            enqueue_ids: r(ENQUEUE_IDS)?,
+            enqueue_copy: r(ENQUEUE_COPY)?,
             notify: r(NOTIFY)?,
             claim: claim(table)?.into(),
             finalize: r(FINALIZE)?,

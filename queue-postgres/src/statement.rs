@@ -28,7 +28,64 @@ pub(crate) struct EnqueueTarget<'a> {
     pub(crate) channel: Option<&'a str>,
 }
 
-/// `enqueue.sql`: all the jobs or none, one result per job in input order.
+/// The fewest jobs without unique keys that [`enqueue_copy`] sends by `COPY`: below it,
+/// `enqueue_plain.sql` is as fast or faster (`docs/performance.md`: at 1 000 jobs a call,
+/// `COPY` moved 0.77× the statement's jobs through tokio-postgres, and sqlx's waited tens of
+/// milliseconds for each call's end).
+pub(crate) const COPY_AT_LEAST: usize = 10_000;
+
+/// Whether `jobs` go by [`enqueue_copy`]: enough of them, and none with a unique key.
+pub(crate) fn copies(jobs: &[NewJob]) -> bool {
+    jobs.len() >= COPY_AT_LEAST && jobs.iter().all(|job| job.unique_key.is_none())
+}
+
+/// A bulk enqueue of jobs without unique keys on `conn`, which must be inside a transaction
+/// (ids, rows and wake-up commit together): `enqueue_ids.sql`, then `enqueue_copy.sql`, then
+/// `notify.sql`. `Ok(None)` when a due time is out of range: the statement path reports it.
+pub(crate) async fn enqueue_copy<D: Driver>(
+    mut conn: D::Conn<'_>,
+    sql: &Sql,
+    target: &EnqueueTarget<'_>,
+    jobs: &[NewJob],
+) -> Result<Option<Vec<Enqueued>>, PgError> {
+    let count = i64::try_from(jobs.len()).unwrap_or(i64::MAX);
+    let rows = D::query(
+        D::reborrow(&mut conn),
+        &sql.enqueue_ids,
+        &(target.quoted_table, count),
+    )
+    .await?;
+    let ids = rows
+        .iter()
+        .map(|row| get::<D, i64>(row, "id"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(now) = rows
+        .first()
+        .map(|row| get::<D, DateTime<Utc>>(row, "now"))
+        .transpose()?
+    else {
+        return Ok(Some(Vec::new()));
+    };
+    let columns = EnqueueColumns::new(jobs.to_vec());
+    let Some(data) = encode::copy_rows(&ids, now, target.queue.as_str(), &columns) else {
+        return Ok(None);
+    };
+    D::copy_in(D::reborrow(&mut conn), &sql.enqueue_copy, data).await?;
+    if let Some(channel) = target.channel {
+        notify::<D>(conn, sql, channel, target.queue).await?;
+    }
+    Ok(Some(
+        ids.into_iter()
+            .map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            })
+            .collect(),
+    ))
+}
+
+/// `enqueue.sql`, or `enqueue_plain.sql` when no job has a unique key: all the jobs or none,
+/// one result per job in input order.
 pub(crate) async fn enqueue<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
@@ -36,19 +93,31 @@ pub(crate) async fn enqueue<D: Driver>(
     jobs: Vec<NewJob>,
 ) -> Result<Vec<Enqueued>, PgError> {
     let c = EnqueueColumns::new(jobs);
-    let params = (
-        target.queue.as_str(),
-        target.quoted_table,
-        &c.payloads,
-        &c.priorities,
-        &c.run_ats,
-        &c.delays,
-        &c.keys,
-        target.channel,
-    );
-    D::query(conn, &sql.enqueue, &params)
-        .await?
-        .iter()
+    let rows = if c.keys.iter().all(Option::is_none) {
+        let params = (
+            target.queue.as_str(),
+            target.quoted_table,
+            &c.payloads,
+            &c.priorities,
+            &c.run_ats,
+            &c.delays,
+            target.channel,
+        );
+        D::query(conn, &sql.enqueue_plain, &params).await?
+    } else {
+        let params = (
+            target.queue.as_str(),
+            target.quoted_table,
+            &c.payloads,
+            &c.priorities,
+            &c.run_ats,
+            &c.delays,
+            &c.keys,
+            target.channel,
+        );
+        D::query(conn, &sql.enqueue, &params).await?
+    };
+    rows.iter()
         .map(|row| {
             Ok(Enqueued {
                 id: JobId(get::<D, i64>(row, "id")?),

@@ -39,6 +39,7 @@ per_driver!(
     a_claim_from_before_stored_leases_keeps_its_claimers_lease,
     a_takeover_by_a_binary_from_before_stored_leases_is_not_taken_over_at_once,
     an_enqueue_that_fails_inserts_nothing,
+    a_bulk_enqueue_by_copy_is_all_or_nothing_and_wakes_idle_workers,
     a_database_error_names_the_servers_message_but_no_row_values,
     the_payload_limit_is_the_queues_own,
     a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now,
@@ -761,6 +762,58 @@ async fn wait_for_listener(db: &TestDb, not: Option<i32>) -> i32 {
     })
     .await
     .expect("the listener did not (re)connect")
+}
+
+/// A bulk enqueue goes by `COPY` in a transaction of its own: a row the database refuses
+/// (here a trigger raises for one job of 10 500) leaves nothing inserted, and a bulk enqueue
+/// that commits wakes an idle worker through its NOTIFY.
+async fn a_bulk_enqueue_by_copy_is_all_or_nothing_and_wakes_idle_workers<D: TestDriver>() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        r#"
+        CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'poisoned row %', NEW.id; END $$;
+        CREATE TRIGGER refuse_poison BEFORE INSERT ON queue_jobs FOR EACH ROW
+            WHEN (NEW.payload ? 'poison') EXECUTE FUNCTION refuse_poison();
+        "#,
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let queue = support::connect_default::<D>(&db).await;
+    let jobs = (0..10_500)
+        .map(|n| match n {
+            9_200 => NewJob::from_value(json!({ "poison": true, "card": "s3cr3t" })),
+            n => NewJob::from_value(json!({ "n": n })),
+        })
+        .collect();
+    let err = queue.enqueue_many(jobs).await.unwrap_err().to_string();
+    // The server's message, never the row COPY was reading (its context names the line).
+    assert!(err.contains("poisoned row"), "{err}");
+    assert!(
+        !err.contains("s3cr3t") && !err.contains("poison\""),
+        "{err}"
+    );
+    assert_eq!(queue.counts().await.unwrap().total(), 0);
+
+    wait_for_listener(&db, None).await;
+    let worker = Worker::new(queue.clone(), Done, idle_worker_config())
+        .unwrap()
+        .start();
+    worker
+        .wait_for_timeout(Duration::from_secs(10), |s| s.claim_passes >= 1)
+        .await
+        .expect("the worker's first claim");
+    let jobs = (0..1000)
+        .map(|n| NewJob::from_value(json!({ "n": n })))
+        .collect();
+    queue.enqueue_many(jobs).await.unwrap();
+    worker
+        .wait_for_timeout(Duration::from_secs(30), |s| s.completed == 1000)
+        .await
+        .expect("NOTIFY woke the idle worker for the bulk enqueue");
+    worker.shutdown().await.unwrap();
+    db.drop_db().await;
 }
 
 async fn notify_wakes_an_idle_worker_and_a_lost_listener_re_listens<D: TestDriver>() {

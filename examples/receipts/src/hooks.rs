@@ -19,12 +19,29 @@ impl<D: Driver> FinalizeHook<PostgresTx<D>, SendReceipt> for MarkReceiptSent {
         tx: &mut PostgresTx<D>,
         event: &FinalizeEvent<'_, SendReceipt>,
     ) -> Result<(), BoxError> {
+        self.after_applied_batch(tx, std::slice::from_ref(event))
+            .await
+    }
+
+    /// The worker writes outcomes many to a transaction: one statement for all of them.
+    async fn after_applied_batch(
+        &self,
+        tx: &mut PostgresTx<D>,
+        events: &[FinalizeEvent<'_, SendReceipt>],
+    ) -> Result<(), BoxError> {
         // Retries, releases, failures: nothing to record.
-        let (Finalize::Complete, Payload::Parsed(receipt)) = (event.action, event.payload) else {
+        let sent: Vec<i64> = events
+            .iter()
+            .filter_map(|event| match (event.action, event.payload) {
+                (Finalize::Complete, Payload::Parsed(receipt)) => Some(receipt.order_id),
+                _ => None,
+            })
+            .collect();
+        if sent.is_empty() {
             return Ok(());
-        };
-        let sql = "UPDATE orders SET receipt_sent_at = now() WHERE id = $1";
-        tx.execute(sql, (receipt.order_id,)).await?;
+        }
+        let sql = "UPDATE orders SET receipt_sent_at = now() WHERE id = ANY($1)";
+        tx.execute(sql, (&sent,)).await?;
         Ok(())
     }
 }

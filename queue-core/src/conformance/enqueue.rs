@@ -6,12 +6,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use super::{Harness, claim, enqueue, record};
+use super::{Harness, claim, enqueue, lease, record};
 use crate::backend::{Backend, BackendTx};
 use crate::error::Error;
 use crate::limits::{DEFAULT_MAX_PAYLOAD_BYTES, MAX_UNIQUE_KEY_BYTES};
 use crate::types::{
-    ClaimRequest, Finalize, FinishedCounts, JobId, Lease, NewJob, QueueStats, RunAt,
+    ClaimRequest, Finalize, FinishedCounts, JobId, JobStatus, Lease, NewJob, QueueStats, RunAt,
 };
 
 cases! {
@@ -123,6 +123,39 @@ cases! {
             assert_eq!(record(b, enqueued.id).await.payload, json!({ "n": n }));
         }
         assert!(b.enqueue_many(Vec::new()).await.unwrap().is_empty());
+    }
+
+    /// A bulk enqueue (what PostgreSQL sends by `COPY`: ten thousand jobs or more, none with a
+    /// unique key) keeps input order, stores each payload exactly (text a row format could
+    /// mistake for a separator or an escape included), each priority and due time, and a job
+    /// due later is not claimed early.
+    pub async fn a_bulk_enqueue_stores_every_job_exactly<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let awkward = "tab\there, back\\slash \\N, new\nline, cr\r, quote \" é 🚀 \\.";
+        let jobs: Vec<NewJob> = (0..10_500)
+            .map(|n| {
+                let job = NewJob::from_value(json!({ "n": n, "s": awkward, "null": null }));
+                match n {
+                    7 => job.priority(-3),
+                    9 => job.run_at(RunAt::After(Duration::from_secs(3600))),
+                    _ => job,
+                }
+            })
+            .collect();
+        let ids = b.enqueue_many(jobs).await.unwrap();
+        assert_eq!(ids.len(), 10_500);
+        assert!(ids.iter().all(|e| !e.duplicate));
+        assert!(ids.windows(2).all(|w| w[0].id < w[1].id), "ids in input order");
+        for n in [0, 7, 9, 10_499] {
+            let rec = record(b, ids[n].id).await;
+            assert_eq!(rec.payload, json!({ "n": n, "s": awkward, "null": null }));
+            assert_eq!(rec.status, JobStatus::Pending);
+            assert_eq!(rec.priority, if n == 7 { -3 } else { 0 });
+        }
+        let claimed = b.claim(ClaimRequest::new(11_000, lease())).await.unwrap().jobs;
+        assert_eq!(claimed.len(), 10_499, "the job due in an hour waits");
+        assert!(claimed.iter().all(|j| j.id != ids[9].id));
+        assert_eq!(b.counts().await.unwrap().pending, 1);
     }
 
     /// `get` and `counts` see this queue only.

@@ -113,6 +113,18 @@ impl Driver for Sqlx {
         })
     }
 
+    fn copy_in<'c: 'q, 'q>(
+        conn: &'c mut PgConnection,
+        statement: &'q str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'q, Result<u64, PgError>> {
+        Box::pin(async move {
+            let mut copy = conn.copy_in_raw(statement).await?;
+            copy.send(data).await?;
+            Ok(copy.finish().await?)
+        })
+    }
+
     fn get<T: Column>(row: &PgRow, column: &str) -> Result<T, PgError> {
         Ok(row.try_get(column)?)
     }

@@ -171,6 +171,20 @@ impl Driver for TokioPostgres {
         })
     }
 
+    fn copy_in<'c: 'q, 'q>(
+        conn: TokioPostgresConn<'c>,
+        statement: &'q str,
+        data: Vec<u8>,
+    ) -> BoxFuture<'q, Result<u64, PgError>> {
+        use futures_util::SinkExt;
+        Box::pin(async move {
+            let sink = on_client!(conn, c => c.copy_in(statement).await?);
+            let mut sink = std::pin::pin!(sink);
+            sink.send(std::io::Cursor::new(data)).await?;
+            Ok(sink.as_mut().finish().await?)
+        })
+    }
+
     fn get<T: Column>(row: &Row, column: &str) -> Result<T, PgError> {
         Ok(row.try_get(column)?)
     }
