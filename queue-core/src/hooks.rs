@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -435,9 +436,10 @@ where
             tx.commit().await?;
             return Ok(outcomes.into_iter().map(Ok).collect());
         }
-        Err(Error::Hook { .. }) => {
+        Err(err @ Error::Hook { .. }) => {
             // Which job the hook refused is not known: each gets a savepoint of its own.
             let _ = tx.rollback().await;
+            events::finalize_retry(backend.queue(), items.len(), &err, Duration::ZERO);
         }
         Err(err) => return Err(err),
     }
