@@ -474,6 +474,66 @@ impl Handler for Quick {
     }
 }
 
+/// Outcomes whose hooks keep failing do not let the worker claim without end: while as many
+/// outcomes wait as the worker has slots, a finishing job keeps its slot, so the jobs in
+/// flight never exceed twice the worker's slots (3 here: concurrency 2, prefetch 1).
+#[tokio::test(start_paused = true)]
+async fn outcomes_whose_hooks_keep_failing_hold_the_workers_slots() {
+    let queue = MemoryBackend::new();
+    let jobs = (0..40)
+        .map(|n| NewJob::from_value(json!({ "n": n })))
+        .collect();
+    queue.enqueue_many(jobs).await.unwrap();
+    let config = WorkerConfig {
+        concurrency: 2,
+        prefetch: 1,
+        ..no_backoff(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), Quick, config)
+        .unwrap()
+        .hook(FlakyHook(Arc::new(AtomicU32::new(0)), u32::MAX))
+        .start();
+    worker.wait_for(|s| s.started >= 3).await;
+    // Hook retries run on a schedule of seconds: let many of them pass.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let counts = queue.counts().await.unwrap();
+        assert!(counts.in_flight <= 6, "{counts:?}");
+    }
+    assert!(worker.stats().started <= 6, "{:?}", worker.stats());
+    worker.request_shutdown();
+}
+
+/// A job whose outcome is still being tried alone when shutdown's time runs out is given back
+/// (released, its attempt uncounted), not left in flight for its lease.
+#[tokio::test(start_paused = true)]
+async fn an_outcome_still_unwritten_at_the_shutdown_deadline_is_released() {
+    let queue = MemoryBackend::new();
+    let id = queue
+        .enqueue(NewJob::from_value(json!({})))
+        .await
+        .unwrap()
+        .id;
+    let calls = Arc::new(AtomicU32::new(0));
+    let config = WorkerConfig {
+        shutdown_timeout: Duration::from_secs(2),
+        shutdown_grace: Duration::from_secs(2),
+        ..no_backoff(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), Quick, config)
+        .unwrap()
+        .hook(FlakyHook(calls.clone(), u32::MAX))
+        .start();
+    worker.wait_for(|s| s.started == 1).await;
+    while calls.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let report = worker.shutdown().await.unwrap();
+    assert_eq!(report.stats.released, 1, "{report:?}");
+    let row = queue.get(id).await.unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (JobStatus::Pending, 0));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failing_finalize_is_tried_again_and_a_hook_that_keeps_failing_ends_the_job_dead() {
     let captured = Captured::default();

@@ -23,6 +23,9 @@ mod sealed {
 
 pub(crate) use sealed::Sealed;
 
+/// The most bytes one `COPY` data message carries: the server reads each message whole.
+pub(crate) const COPY_CHUNK: usize = 1 << 20;
+
 /// A statement's future. Boxed: the statements' futures are held across awaits of generic
 /// code that must be `Send`, and a boxed `dyn Future + Send` keeps the compiler from having to
 /// prove that through every borrowed parameter.

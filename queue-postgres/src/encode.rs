@@ -120,11 +120,11 @@ pub(crate) fn copy_rows(
     ids: &[i64],
     now: DateTime<Utc>,
     queue: &str,
-    columns: &EnqueueColumns,
+    jobs: &[NewJob],
 ) -> Option<Vec<u8>> {
     let mut out = String::with_capacity(ids.len() * 64);
-    for (i, id) in ids.iter().enumerate() {
-        let due = match (columns.run_ats[i], columns.delays[i]) {
+    for (id, job) in ids.iter().zip(jobs) {
+        let due = match split_run_at(job.run_at) {
             (Some(at), _) => at,
             (None, Some(delay)) if delay.is_finite() && delay.abs() < 1e15 => {
                 now.checked_add_signed(chrono::TimeDelta::microseconds((delay * 1e6) as i64))?
@@ -136,9 +136,9 @@ pub(crate) fn copy_rows(
         out.push('\t');
         escape_copy_text(&mut out, queue);
         out.push('\t');
-        escape_copy_text(&mut out, &columns.payloads[i].to_string());
+        escape_copy_text(&mut out, &job.payload.to_string());
         out.push('\t');
-        out.push_str(&columns.priorities[i].to_string());
+        out.push_str(&job.priority.to_string());
         out.push('\t');
         out.push_str(&due.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string());
         out.push('\n');
@@ -181,11 +181,10 @@ mod tests {
     fn copy_rows_escape_what_would_end_a_field_or_a_row() {
         // A tab, a backslash, a newline and a carriage return in a payload string.
         let job = NewJob::from_value(serde_json::json!({ "s": "a\tb\\n\nc\r" }));
-        let columns = EnqueueColumns::new(vec![job]);
         let now = DateTime::parse_from_rfc3339("2026-12-02T01:02:03.5Z")
             .unwrap()
             .with_timezone(&Utc);
-        let rows = copy_rows(&[7], now, r"q\1", &columns).unwrap();
+        let rows = copy_rows(&[7], now, r"q\1", &[job]).unwrap();
         let text = String::from_utf8(rows).unwrap();
         // The JSON text keeps its own escapes, each backslash doubled for COPY; the queue's too.
         let expected = [
@@ -200,7 +199,7 @@ mod tests {
         assert_eq!(text, expected);
         let far = NewJob::from_value(serde_json::json!({}))
             .run_at(RunAt::After(std::time::Duration::from_secs(u64::MAX / 2)));
-        assert!(copy_rows(&[1], now, "q", &EnqueueColumns::new(vec![far])).is_none());
+        assert!(copy_rows(&[1], now, "q", &[far]).is_none());
     }
 
     #[test]

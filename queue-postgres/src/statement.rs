@@ -66,8 +66,7 @@ pub(crate) async fn enqueue_copy<D: Driver>(
     else {
         return Ok(Some(Vec::new()));
     };
-    let columns = EnqueueColumns::new(jobs.to_vec());
-    let Some(data) = encode::copy_rows(&ids, now, target.queue.as_str(), &columns) else {
+    let Some(data) = encode::copy_rows(&ids, now, target.queue.as_str(), jobs) else {
         return Ok(None);
     };
     D::copy_in(D::reborrow(&mut conn), &sql.enqueue_copy, data).await?;

@@ -53,7 +53,8 @@ pub struct WorkerConfig {
     /// otherwise runs beside it on another connection. On a database next to the worker that
     /// costs more than it saves (`docs/performance.md`: 0.7× the throughput); it is for a
     /// database whose round trips dominate. An outcome waits at most a few milliseconds for a
-    /// claim to carry it; outcomes with hooks never do.
+    /// claim to carry it; outcomes with hooks never do. A claim also waits while the batching
+    /// task tries a failing write again (until the database answers, at most the lease).
     pub fuse_claims: bool,
     /// The worker's name, stored with each claim (`claimed_by`) and with each error it reports
     /// in a job's history, so an operator can tell which process holds or failed a job

@@ -13,11 +13,14 @@
 //! dispatcher's claims, each with the outcomes waiting: one statement per batch writes batch k
 //! and claims batch k+1.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -67,12 +70,37 @@ struct Outcome {
     deadline: Instant,
 }
 
-/// An outcome whose hooks must run, with its job (the hooks read it).
+/// An outcome whose hooks must run, with its job (the hooks read it), and its place among the
+/// outcomes outstanding (given back when it is dropped).
 struct HookedOutcome {
     job: ClaimedJob,
     action: Finalize,
     deadline: Instant,
+    _place: OwnedSemaphorePermit,
 }
+
+/// The outcomes with hooks handed to the batching task and not yet reported. Bounded: while
+/// as many wait as the worker has slots, a finishing job keeps its slot until a place frees,
+/// so outcomes that keep failing cannot make the worker claim without end (it holds at most
+/// twice its slots). Those still
+/// unwritten when shutdown's time runs out are given back (released) instead of waiting for
+/// their leases.
+struct Outstanding {
+    places: Arc<Semaphore>,
+    claims: Mutex<HashSet<Claim>>,
+}
+
+impl Outstanding {
+    fn done(&self, claim: Claim) {
+        self.claims.lock().expect("not poisoned").remove(&claim);
+    }
+}
+
+/// What a batching task gives back when shutdown's time runs out.
+type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// How much of shutdown's last moment is kept to give back outcomes still unwritten.
+const RELEASE_MARGIN: Duration = Duration::from_millis(500);
 
 /// What became of a write.
 enum Written {
@@ -94,7 +122,7 @@ pub(super) struct Finalizer<B: Backend, P> {
     batch: Option<mpsc::Sender<Outcome>>,
     /// Where outcomes with hooks go to be written many to a transaction; `None` without hooks,
     /// with batching off, or on a backend without savepoints.
-    hooked_batch: Option<mpsc::Sender<HookedOutcome>>,
+    hooked_batch: Option<(mpsc::Sender<HookedOutcome>, Arc<Outstanding>)>,
     /// Where claims go to carry the batched outcomes; `None` unless the backend fuses them.
     claims: Option<mpsc::Sender<ClaimAsk>>,
 }
@@ -103,15 +131,27 @@ pub(super) struct Finalizer<B: Backend, P> {
 pub(super) struct BatchTask {
     task: JoinHandle<()>,
     done: CancellationToken,
+    release: Option<Release>,
 }
 
 impl BatchTask {
-    /// Lets the task write what it holds and waits for it to end, at most until `deadline`.
+    /// Lets the task write what it holds and waits for it to end, at most until `deadline`;
+    /// gives back what it could not write by then, where it keeps track of that.
     pub(super) async fn finish(self, deadline: Instant) {
         self.done.cancel();
         let abort = self.task.abort_handle();
-        if tokio::time::timeout_at(deadline, self.task).await.is_err() {
+        let margin = match self.release {
+            Some(_) => RELEASE_MARGIN.min(deadline.saturating_duration_since(Instant::now()) / 2),
+            None => Duration::ZERO,
+        };
+        if tokio::time::timeout_at(deadline - margin, self.task)
+            .await
+            .is_err()
+        {
             abort.abort();
+        }
+        if let Some(release) = self.release {
+            let _ = tokio::time::timeout_at(deadline, release()).await;
         }
     }
 }
@@ -160,19 +200,42 @@ where
                 done: done.clone(),
             };
             let task = tokio::spawn(batcher.run());
-            (Some(tx), claims, Some(BatchTask { task, done }))
+            let release = None;
+            (
+                Some(tx),
+                claims,
+                Some(BatchTask {
+                    task,
+                    done,
+                    release,
+                }),
+            )
         } else if batch && hooked.writer.backend.savepoints() {
             let (tx, rx) = mpsc::channel(capacity.max(HOOKED_BATCH_LIMIT) * 2);
+            let outstanding = Arc::new(Outstanding {
+                places: Arc::new(Semaphore::new(capacity.max(1))),
+                claims: Mutex::new(HashSet::new()),
+            });
             let done = CancellationToken::new();
             let batcher = HookedBatcher {
                 hooked: hooked.clone(),
+                outstanding: outstanding.clone(),
                 rx,
                 done: done.clone(),
                 alone: JoinSet::new(),
             };
             let task = tokio::spawn(batcher.run());
-            hooked_batch = Some(tx);
-            (None, None, Some(BatchTask { task, done }))
+            let release = Some(release_unwritten(writer.clone(), outstanding.clone()));
+            hooked_batch = Some((tx, outstanding));
+            (
+                None,
+                None,
+                Some(BatchTask {
+                    task,
+                    done,
+                    release,
+                }),
+            )
         } else {
             (None, None, None)
         };
@@ -207,15 +270,26 @@ where
     /// Writes a job's outcome: handed to the batching task when there is one, written now
     /// otherwise. `deadline` is when the job's lease ends by the local clock.
     pub(super) async fn finish(&self, job: &ClaimedJob, action: Finalize, deadline: Instant) {
-        if let Some(batch) = &self.hooked_batch {
+        if let Some((batch, outstanding)) = &self.hooked_batch {
+            let Ok(place) = outstanding.places.clone().acquire_owned().await else {
+                self.finish_now(job, action, deadline).await;
+                return;
+            };
             let outcome = HookedOutcome {
                 job: job.clone(),
                 action,
                 deadline,
+                _place: place,
             };
+            outstanding
+                .claims
+                .lock()
+                .expect("not poisoned")
+                .insert(job.claim());
             match batch.send(outcome).await {
                 Ok(()) => return,
                 Err(refused) => {
+                    outstanding.done(job.claim());
                     let HookedOutcome { action, .. } = refused.0;
                     self.finish_now(job, action, deadline).await;
                     return;
@@ -712,9 +786,41 @@ async fn recv_ask(asks: &mut Option<mpsc::Receiver<ClaimAsk>>) -> Option<ClaimAs
 /// the one-job schedule, in a task of its own so that the batches keep flowing.
 struct HookedBatcher<B: Backend, P> {
     hooked: Arc<Hooked<B, P>>,
+    outstanding: Arc<Outstanding>,
     rx: mpsc::Receiver<HookedOutcome>,
     done: CancellationToken,
     alone: JoinSet<()>,
+}
+
+/// The release [`BatchTask::finish`] runs: every outcome with hooks still unwritten is given
+/// back in one fenced write, without the hooks (a release ends nothing for them to record).
+fn release_unwritten<B: Backend>(writer: Arc<Writer<B>>, outstanding: Arc<Outstanding>) -> Release {
+    Box::new(move || {
+        Box::pin(async move {
+            let claims: Vec<Claim> = outstanding
+                .claims
+                .lock()
+                .expect("not poisoned")
+                .drain()
+                .collect();
+            if claims.is_empty() {
+                return;
+            }
+            let queue = writer.backend.queue();
+            let outcomes = claims
+                .into_iter()
+                .map(|claim| {
+                    events::claim_released(queue, claim, "unwritten at the shutdown deadline");
+                    Outcome {
+                        claim,
+                        action: Finalize::Release,
+                        deadline: Instant::now(),
+                    }
+                })
+                .collect();
+            writer.write_batch(outcomes, false).await;
+        })
+    })
 }
 
 /// Outcomes to write again alone, with what their batch's try left.
@@ -727,12 +833,14 @@ where
 {
     async fn run(mut self) {
         let mut writing: JoinSet<Leftovers> = JoinSet::new();
+        // What each batch's task carries, to account for it if the task panics.
+        let mut carried: HashMap<tokio::task::Id, Vec<(Claim, Finalize)>> = HashMap::new();
         let mut batch = Vec::with_capacity(HOOKED_BATCH_LIMIT);
         loop {
             let closing = tokio::select! {
                 biased;
-                Some(written) = writing.join_next(), if !writing.is_empty() => {
-                    self.write_alone(written);
+                Some(written) = writing.join_next_with_id(), if !writing.is_empty() => {
+                    self.written(written, &mut carried);
                     continue;
                 }
                 _ = self.rx.recv_many(&mut batch, HOOKED_BATCH_LIMIT),
@@ -751,29 +859,64 @@ where
             if batch.is_empty() {
                 // What is being written, and what is written alone, ends within its jobs'
                 // deadlines (or shutdown's).
-                while let Some(written) = writing.join_next().await {
-                    self.write_alone(written);
+                while let Some(written) = writing.join_next_with_id().await {
+                    self.written(written, &mut carried);
                 }
                 while self.alone.join_next().await.is_some() {}
                 return;
             }
             let outcomes = std::mem::replace(&mut batch, Vec::with_capacity(HOOKED_BATCH_LIMIT));
-            writing.spawn(write_hooked(self.hooked.clone(), outcomes));
+            let claims = outcomes
+                .iter()
+                .map(|o| (o.job.claim(), o.action.clone()))
+                .collect();
+            let task = writing.spawn(write_hooked(
+                self.hooked.clone(),
+                self.outstanding.clone(),
+                outcomes,
+            ));
+            carried.insert(task.id(), claims);
         }
     }
 
-    /// Writes alone, each in a task of its own, what a batch could not write (a task that
-    /// panicked leaves its jobs to their leases).
-    fn write_alone(&mut self, written: Result<Leftovers, tokio::task::JoinError>) {
-        for (outcome, tried) in written.unwrap_or_default() {
+    /// Takes a batch's task's end: what it could not write is written alone, each in a task of
+    /// its own; if it panicked, its jobs are reported failed (they wait for their leases).
+    fn written(
+        &mut self,
+        joined: Result<(tokio::task::Id, Leftovers), tokio::task::JoinError>,
+        carried: &mut HashMap<tokio::task::Id, Vec<(Claim, Finalize)>>,
+    ) {
+        let leftovers = match joined {
+            Ok((id, leftovers)) => {
+                carried.remove(&id);
+                leftovers
+            }
+            Err(err) => {
+                let writer = &self.hooked.writer;
+                for (claim, action) in carried.remove(&err.id()).unwrap_or_default() {
+                    self.outstanding.done(claim);
+                    let failure = Error::Backend {
+                        source: format!("writing a batch of outcomes failed: {err}").into(),
+                        transient: false,
+                    };
+                    writer.report(claim, &action, &Written::Failed(failure));
+                }
+                return;
+            }
+        };
+        for (outcome, tried) in leftovers {
             let hooked = self.hooked.clone();
+            let outstanding = self.outstanding.clone();
             self.alone.spawn(async move {
+                let claim = outcome.job.claim();
                 let HookedOutcome {
                     job,
                     action,
                     deadline,
+                    _place,
                 } = outcome;
                 hooked.finish_now(&job, action, deadline, tried).await;
+                outstanding.done(claim);
             });
         }
     }
@@ -781,7 +924,11 @@ where
 
 /// Writes `batch` in one transaction and reports what it wrote; returns what must be written
 /// again alone.
-async fn write_hooked<B, P>(hooked: Arc<Hooked<B, P>>, batch: Vec<HookedOutcome>) -> Leftovers
+async fn write_hooked<B, P>(
+    hooked: Arc<Hooked<B, P>>,
+    outstanding: Arc<Outstanding>,
+    batch: Vec<HookedOutcome>,
+) -> Leftovers
 where
     B: Backend,
     P: DeserializeOwned + Send + Sync + 'static,
@@ -810,6 +957,7 @@ where
             Ok(written) => {
                 let claim = outcome.job.claim();
                 writer.report(claim, &outcome.action, &Written::Done(written));
+                outstanding.done(claim);
             }
             Err(err) => {
                 writer.metrics.hook_failed();

@@ -120,7 +120,9 @@ impl Driver for Sqlx {
     ) -> BoxFuture<'q, Result<u64, PgError>> {
         Box::pin(async move {
             let mut copy = conn.copy_in_raw(statement).await?;
-            copy.send(data).await?;
+            for chunk in data.chunks(crate::driver::COPY_CHUNK) {
+                copy.send(chunk).await?;
+            }
             Ok(copy.finish().await?)
         })
     }

@@ -180,7 +180,9 @@ impl Driver for TokioPostgres {
         Box::pin(async move {
             let sink = on_client!(conn, c => c.copy_in(statement).await?);
             let mut sink = std::pin::pin!(sink);
-            sink.send(std::io::Cursor::new(data)).await?;
+            for chunk in data.chunks(crate::driver::COPY_CHUNK) {
+                sink.send(std::io::Cursor::new(chunk.to_vec())).await?;
+            }
             Ok(sink.as_mut().finish().await?)
         })
     }
