@@ -238,10 +238,7 @@ impl<Tx, P> Hooks<Tx, P> {
     /// Runs every hook in order inside `tx`.
     pub async fn run(&self, tx: &mut Tx, event: &FinalizeEvent<'_, P>) -> Result<()> {
         for hook in &self.hooks {
-            hook.run(tx, event).await.map_err(|source| Error::Hook {
-                hook: hook.name().to_owned(),
-                source,
-            })?;
+            hook.run(tx, event).await.map_err(failed(&**hook))?;
         }
         Ok(())
     }
@@ -250,12 +247,7 @@ impl<Tx, P> Hooks<Tx, P> {
     /// ([`FinalizeHook::after_applied_batch`]).
     pub async fn run_batch(&self, tx: &mut Tx, events: &[FinalizeEvent<'_, P>]) -> Result<()> {
         for hook in &self.hooks {
-            hook.run_batch(tx, events)
-                .await
-                .map_err(|source| Error::Hook {
-                    hook: hook.name().to_owned(),
-                    source,
-                })?;
+            hook.run_batch(tx, events).await.map_err(failed(&**hook))?;
         }
         Ok(())
     }
@@ -267,12 +259,17 @@ impl<Tx, P> Hooks<Tx, P> {
         for hook in &self.hooks {
             hook.run_reopened(tx, event)
                 .await
-                .map_err(|source| Error::Hook {
-                    hook: hook.name().to_owned(),
-                    source,
-                })?;
+                .map_err(failed(&**hook))?;
         }
         Ok(())
+    }
+}
+
+/// What a hook's error becomes: [`Error::Hook`], naming it.
+fn failed<Tx, P>(hook: &dyn DynHook<Tx, P>) -> impl FnOnce(BoxError) -> Error + '_ {
+    move |source| Error::Hook {
+        hook: hook.name().to_owned(),
+        source,
     }
 }
 

@@ -102,7 +102,7 @@ pub trait Column: Sized + Send + bounds::SqlxColumn + bounds::TokioPostgresColum
 
 impl<T: Sized + Send + bounds::SqlxColumn + bounds::TokioPostgresColumn> Column for T {}
 
-/// A statement's parameters: `()` or a tuple of up to seventeen [`Param`]s, `$1` first.
+/// A statement's parameters: `()` or a tuple of up to twelve [`Param`]s, `$1` first.
 pub trait Params<'p>: Send + Sync {
     /// Hands each parameter to `visitor`, in order.
     fn visit<'s, V: ParamVisitor<'s, 'p>>(&'s self, visitor: &mut V);
@@ -140,21 +140,17 @@ tuple_params!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8);
 tuple_params!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9);
 tuple_params!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10);
 tuple_params!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11);
-tuple_params!(
-    A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11, M.12
-);
-tuple_params!(
-    A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11, M.12, N.13
-);
-tuple_params!(
-    A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11, M.12, N.13, O.14
-);
-tuple_params!(
-    A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11, M.12, N.13, O.14, P.15
-);
-tuple_params!(
-    A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7, I.8, J.9, K.10, L.11, M.12, N.13, O.14, P.15, Q.16
-);
+
+/// Two parameter lists, the first's numbered first: how a statement made of two others
+/// (`finalize_claim.sql`) binds both lists as they are.
+pub(crate) struct Chain<A, B>(pub(crate) A, pub(crate) B);
+
+impl<'p, A: Params<'p>, B: Params<'p>> Params<'p> for Chain<A, B> {
+    fn visit<'s, V: ParamVisitor<'s, 'p>>(&'s self, visitor: &mut V) {
+        self.0.visit(visitor);
+        self.1.visit(visitor);
+    }
+}
 
 /// The bounds each driver puts on values; a driver that is not compiled in puts none.
 #[doc(hidden)]

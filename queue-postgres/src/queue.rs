@@ -114,37 +114,32 @@ impl<D: Driver> PostgresQueue<D> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        for job in &jobs {
-            job.check_within(self.inner.config.max_payload_bytes)?;
-        }
+        let target = self.enqueue_target(&jobs)?;
+        let enqueued = statement::enqueue::<D>(conn, &self.inner.sql, &target, jobs).await?;
+        let new = enqueued.iter().filter(|e| !e.duplicate).count();
+        queue_core::metrics::record_enqueued(&self.inner.config.queue, new as u64);
+        Ok(enqueued)
+    }
+
+    /// Where `jobs` go, once each is checked against the queue's payload limit.
+    fn enqueue_target(&self, jobs: &[NewJob]) -> Result<EnqueueTarget<'_>, PgError> {
         let config = &self.inner.config;
-        let target = EnqueueTarget {
+        for job in jobs {
+            job.check_within(config.max_payload_bytes)?;
+        }
+        Ok(EnqueueTarget {
             queue: &config.queue,
             quoted_table: &self.inner.quoted_table,
             channel: config
                 .notify_on_enqueue
                 .then_some(self.inner.channel.as_str()),
-        };
-        let enqueued = statement::enqueue::<D>(conn, &self.inner.sql, &target, jobs).await?;
-        let new = enqueued.iter().filter(|e| !e.duplicate).count();
-        queue_core::metrics::record_enqueued(&config.queue, new as u64);
-        Ok(enqueued)
+        })
     }
 
     /// A bulk enqueue by `COPY` in a transaction of its own (see [`statement::enqueue_copy`]);
     /// `None` when the statement path must take the jobs.
     async fn enqueue_by_copy(&self, jobs: &[NewJob]) -> Result<Option<Vec<Enqueued>>, PgError> {
-        let config = &self.inner.config;
-        for job in jobs {
-            job.check_within(config.max_payload_bytes)?;
-        }
-        let target = EnqueueTarget {
-            queue: &config.queue,
-            quoted_table: &self.inner.quoted_table,
-            channel: config
-                .notify_on_enqueue
-                .then_some(self.inner.channel.as_str()),
-        };
+        let target = self.enqueue_target(jobs)?;
         let mut tx = D::begin(&self.inner.pool).await?;
         let copied =
             statement::enqueue_copy::<D>(D::in_tx(&mut tx), &self.inner.sql, &target, jobs).await?;
@@ -153,7 +148,7 @@ impl<D: Driver> PostgresQueue<D> {
             return Ok(None);
         };
         D::commit(tx).await?;
-        queue_core::metrics::record_enqueued(&config.queue, enqueued.len() as u64);
+        queue_core::metrics::record_enqueued(&self.inner.config.queue, enqueued.len() as u64);
         Ok(Some(enqueued))
     }
 

@@ -13,7 +13,7 @@ use queue_core::{
 };
 use serde_json::Value;
 
-use crate::driver::{Column, Driver};
+use crate::driver::{Chain, Column, Driver, Params};
 use crate::encode::{self, EnqueueColumns, FinalizeColumns, parse_status};
 use crate::error::PgError;
 use crate::ident::TableName;
@@ -133,17 +133,43 @@ pub(crate) async fn claim<D: Driver>(
     queue: &QueueName,
     request: &ClaimRequest,
 ) -> Result<Vec<ClaimedJob>, PgError> {
-    let params = (
+    let none = Vec::new();
+    let params = claim_params(queue, request, &none);
+    let rows = D::query(conn, &sql.claim, &params).await?;
+    rows.iter().map(claimed_job::<D>).collect()
+}
+
+/// `claim.sql`'s parameters: `$7` the ids the claim must not take over.
+fn claim_params<'a>(
+    queue: &'a QueueName,
+    request: &'a ClaimRequest,
+    not_taken_over: &'a Vec<i64>,
+) -> impl Params<'a> + 'a {
+    (
         queue.as_str(),
         i64::from(request.batch_size.max(1)),
         request.lease.as_secs_f64(),
         i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
         request.holder.as_deref(),
         ClaimToken::random().0,
-        Vec::<i64>::new(),
-    );
-    let rows = D::query(conn, &sql.claim, &params).await?;
-    rows.iter().map(claimed_job::<D>).collect()
+        not_taken_over,
+    )
+}
+
+/// `finalize.sql`'s parameters, `$1` to `$10`.
+fn finalize_params<'a>(c: &'a FinalizeColumns<'_>) -> impl Params<'a> + 'a {
+    (
+        &c.ids,
+        &c.generations,
+        &c.statuses,
+        &c.give_backs,
+        &c.run_ats,
+        &c.delays,
+        &c.errors,
+        &c.terminals,
+        &c.kinds,
+        &c.tokens,
+    )
 }
 
 /// `finalize_claim.sql`: the outcomes of `items` (as [`finalize`]) and a claim (as [`claim`])
@@ -156,25 +182,8 @@ pub(crate) async fn finalize_claim<D: Driver>(
     request: &ClaimRequest,
 ) -> Result<(Vec<FinalizeOutcome>, Vec<ClaimedJob>), PgError> {
     let c = FinalizeColumns::new(items);
-    let params = (
-        &c.ids,
-        &c.generations,
-        &c.statuses,
-        &c.give_backs,
-        &c.run_ats,
-        &c.delays,
-        &c.errors,
-        &c.terminals,
-        &c.kinds,
-        &c.tokens,
-        queue.as_str(),
-        i64::from(request.batch_size.max(1)),
-        request.lease.as_secs_f64(),
-        i32::try_from(request.max_reclaims).unwrap_or(i32::MAX),
-        request.holder.as_deref(),
-        ClaimToken::random().0,
-        &c.ids,
-    );
+    // The claim's $7 (never taking over what this statement finalizes) is the outcomes' ids.
+    let params = Chain(finalize_params(&c), claim_params(queue, request, &c.ids));
     let rows = D::query(conn, &sql.finalize_claim, &params).await?;
     let mut applied = Vec::new();
     let mut jobs = Vec::with_capacity(rows.len());
@@ -208,19 +217,7 @@ pub(crate) async fn finalize<D: Driver>(
         return Ok(Vec::new());
     }
     let c = FinalizeColumns::new(items);
-    let params = (
-        &c.ids,
-        &c.generations,
-        &c.statuses,
-        &c.give_backs,
-        &c.run_ats,
-        &c.delays,
-        &c.errors,
-        &c.terminals,
-        &c.kinds,
-        &c.tokens,
-    );
-    let applied = D::query(conn, &sql.finalize, &params)
+    let applied = D::query(conn, &sql.finalize, &finalize_params(&c))
         .await?
         .iter()
         .map(applied_write::<D>)
