@@ -159,6 +159,20 @@ pub enum ConfigError {
     /// A value that must be positive was zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// A schedule name outside the allowed characters or lengths.
+    #[error("invalid schedule name {0:?}: use 1 to 128 ASCII letters, digits, '_', '-' or '.'")]
+    InvalidScheduleName(String),
+    /// A cron expression that does not parse, or never fires.
+    #[error("invalid cron expression {expression:?}: {reason}")]
+    InvalidCron {
+        /// The expression.
+        expression: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A time zone name the IANA database does not know.
+    #[error("unknown time zone {0:?}: use an IANA name such as \"Europe/Berlin\"")]
+    UnknownTimeZone(String),
     /// A value out of its allowed range.
     #[error("{name} is out of range: {detail}")]
     OutOfRange {

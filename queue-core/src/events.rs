@@ -20,6 +20,9 @@ pub const JOB_DEAD: &str = "queue.job_dead";
 pub const JOB_RECLAIMED: &str = "queue.job_reclaimed";
 /// A handler failed and the job was scheduled again (info).
 pub const JOB_RETRY_SCHEDULED: &str = "queue.job_retry_scheduled";
+/// A handler snoozed its job: back to `pending` for later, the run not counted as an attempt
+/// (debug).
+pub const JOB_SNOOZED: &str = "queue.job_snoozed";
 /// A job failed terminally (warn).
 pub const JOB_FAILED: &str = "queue.job_failed";
 /// A payload did not deserialise into the handler's type; the job failed terminally, its payload
@@ -75,6 +78,22 @@ pub const JOB_RETRIED_BY_OPERATOR: &str = "queue.job_retried_by_operator";
 pub const QUEUE_PAUSED: &str = "queue.queue_paused";
 /// See [`QUEUE_PAUSED`].
 pub const QUEUE_RESUMED: &str = "queue.queue_resumed";
+/// A scheduler started, with how many schedules (info).
+pub const SCHEDULER_STARTED: &str = "queue.scheduler_started";
+/// A scheduler stopped (info).
+pub const SCHEDULER_STOPPED: &str = "queue.scheduler_stopped";
+/// A schedule's period enqueued its job (info); `duplicate = true` at debug when the job was
+/// already there (another process enqueued it first).
+pub const SCHEDULE_ENQUEUED: &str = "queue.schedule_enqueued";
+/// Missed periods of a schedule were left out, as its `Missed` policy says (warn).
+pub const SCHEDULE_SKIPPED: &str = "queue.schedule_skipped";
+/// A schedule's enqueue failed; the scheduler tries again, backing off up to 30 s (warn).
+pub const SCHEDULE_FAILED: &str = "queue.schedule_failed";
+/// The store refused a period's job for good (its payload too large, say): the period is
+/// skipped (error).
+pub const SCHEDULE_REFUSED: &str = "queue.schedule_refused";
+/// A retention run failed; it runs again at its next interval (warn).
+pub const RETENTION_FAILED: &str = "queue.retention_failed";
 /// Terminal jobs purged by an operator (info).
 pub const JOBS_PURGED: &str = "queue.jobs_purged";
 
@@ -119,6 +138,13 @@ pub(crate) fn finalized(
             job_id = claim.id.0,
             reason = %reason,
             "{JOB_DEAD}: the job is dead"
+        ),
+        Finalize::Snooze { at } => tracing::debug!(
+            name: JOB_SNOOZED,
+            queue = %queue,
+            job_id = claim.id.0,
+            due = ?at,
+            "{JOB_SNOOZED}"
         ),
         Finalize::Complete | Finalize::Release | Finalize::Cancel { .. } => {}
     }
@@ -202,6 +228,100 @@ pub fn queue_paused(queue: &QueueName, paused: bool) {
     } else {
         tracing::info!(name: QUEUE_RESUMED, queue = %queue, "{QUEUE_RESUMED}");
     }
+}
+
+pub(crate) fn scheduler_started(queue: &QueueName, schedules: usize) {
+    tracing::info!(name: SCHEDULER_STARTED, queue = %queue, schedules, "{SCHEDULER_STARTED}");
+}
+
+pub(crate) fn scheduler_stopped(queue: &QueueName) {
+    tracing::info!(name: SCHEDULER_STOPPED, queue = %queue, "{SCHEDULER_STOPPED}");
+}
+
+pub(crate) fn schedule_enqueued(
+    queue: &QueueName,
+    schedule: &str,
+    period: chrono::DateTime<chrono::Utc>,
+    id: JobId,
+) {
+    tracing::info!(
+        name: SCHEDULE_ENQUEUED,
+        queue = %queue,
+        schedule,
+        period = %period,
+        job_id = id.0,
+        duplicate = false,
+        "{SCHEDULE_ENQUEUED}"
+    );
+}
+
+pub(crate) fn schedule_found(
+    queue: &QueueName,
+    schedule: &str,
+    period: chrono::DateTime<chrono::Utc>,
+    id: JobId,
+) {
+    tracing::debug!(
+        name: SCHEDULE_ENQUEUED,
+        queue = %queue,
+        schedule,
+        period = %period,
+        job_id = id.0,
+        duplicate = true,
+        "{SCHEDULE_ENQUEUED}: the period's job was already there"
+    );
+}
+
+pub(crate) fn schedule_skipped(
+    queue: &QueueName,
+    schedule: &str,
+    skipped: u64,
+    after: chrono::DateTime<chrono::Utc>,
+) {
+    tracing::warn!(
+        name: SCHEDULE_SKIPPED,
+        queue = %queue,
+        schedule,
+        skipped,
+        after = %after,
+        "{SCHEDULE_SKIPPED}: missed periods left out, as the schedule's policy says"
+    );
+}
+
+pub(crate) fn schedule_failed(queue: &QueueName, schedule: &str, error: &Error) {
+    tracing::warn!(
+        name: SCHEDULE_FAILED,
+        queue = %queue,
+        schedule,
+        error = %error,
+        transient = error.is_transient(),
+        "{SCHEDULE_FAILED}: the periods stay due and are tried again"
+    );
+}
+
+pub(crate) fn schedule_refused(
+    queue: &QueueName,
+    schedule: &str,
+    period: chrono::DateTime<chrono::Utc>,
+    error: &Error,
+) {
+    tracing::error!(
+        name: SCHEDULE_REFUSED,
+        queue = %queue,
+        schedule,
+        period = %period,
+        error = %error,
+        "{SCHEDULE_REFUSED}: the store cannot hold this period's job; the period is skipped"
+    );
+}
+
+pub(crate) fn retention_failed(queue: &QueueName, error: &Error) {
+    tracing::warn!(
+        name: RETENTION_FAILED,
+        queue = %queue,
+        error = %error,
+        "{RETENTION_FAILED}: it runs again at its next interval"
+    );
 }
 
 /// Jobs purged, for backends to emit after each batch.

@@ -23,6 +23,8 @@ use crate::{
 struct Faults {
     /// Claims fail with a connection error.
     claims_fail: AtomicBool,
+    /// Enqueues fail with a connection error.
+    enqueues_fail: AtomicBool,
     /// Outcome writes (`finalize`, `finalize_many`, `begin`) fail with a connection error.
     writes_fail: AtomicBool,
     /// Heartbeats (`extend_lease`) fail with a connection error.
@@ -37,6 +39,9 @@ struct Faults {
     /// Every call waits forever: a database that accepts connections and never answers.
     hang: AtomicBool,
     claim_calls: AtomicU32,
+    enqueue_calls: AtomicU32,
+    /// Fires at every enqueue call, before its fault gate.
+    enqueue_called: Notify,
 }
 
 #[derive(Clone)]
@@ -80,10 +85,14 @@ impl Backend for Faulty {
     }
 
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        self.gate(|f| &f.enqueues_fail).await?;
         self.inner.enqueue(job).await
     }
 
     async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.faults.enqueue_calls.fetch_add(1, Ordering::SeqCst);
+        self.faults.enqueue_called.notify_one();
+        self.gate(|f| &f.enqueues_fail).await?;
         self.inner.enqueue_many(jobs).await
     }
 
@@ -576,4 +585,56 @@ async fn shutdown_keeps_its_deadline_when_the_database_hangs() {
         "shutdown took {took:?}"
     );
     assert_eq!(report.released_unstarted, 0, "nothing can be written");
+}
+
+/// A scheduler whose store refuses enqueues keeps the period due, backs off, and enqueues it
+/// once the store is back: nothing is lost, nothing doubled.
+#[tokio::test]
+async fn a_schedule_enqueues_its_period_once_the_store_is_back() {
+    use crate::schedule::{Clock, ManualClock, Schedule, Scheduler};
+    let backend = Faulty::new();
+    backend.set(|f| &f.enqueues_fail, true);
+    let clock = ManualClock::new("2026-01-01T00:00:30Z".parse().unwrap());
+    let scheduler = Scheduler::new(backend.clone())
+        .schedule(Schedule::every("rates", Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .clock(clock.clone())
+        .start()
+        .unwrap();
+    let failing = scheduler
+        .wait_for(|s| s.schedules["rates"].failures >= 1)
+        .await;
+    assert_eq!(failing.schedules["rates"].through, None);
+    backend.set(|f| &f.enqueues_fail, false);
+    // The retry comes after the backoff (a second at first), by the scheduler's clock.
+    clock.advance(Duration::from_secs(1));
+    let back = scheduler
+        .wait_for(|s| s.seen >= Some(clock.now()) && s.schedules["rates"].enqueued == 1)
+        .await;
+    assert_eq!(
+        back.schedules["rates"].through,
+        Some("2026-01-01T00:00:00Z".parse().unwrap())
+    );
+    scheduler.shutdown().await;
+    assert_eq!(backend.inner.counts().await.unwrap().pending, 1);
+}
+
+/// A scheduler's shutdown is bounded when the store hangs in the middle of an enqueue.
+#[tokio::test]
+async fn a_scheduler_stops_when_the_store_hangs() {
+    use crate::schedule::{ManualClock, Schedule, Scheduler};
+    let backend = Faulty::new();
+    backend.set(|f| &f.hang, true);
+    let clock = ManualClock::new("2026-01-01T00:00:30Z".parse().unwrap());
+    let scheduler = Scheduler::new(backend.clone())
+        .schedule(Schedule::every("rates", Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .clock(clock)
+        .start()
+        .unwrap();
+    backend.faults.enqueue_called.notified().await;
+    assert_eq!(backend.faults.enqueue_calls.load(Ordering::SeqCst), 1);
+    tokio::time::timeout(Duration::from_secs(10), scheduler.shutdown())
+        .await
+        .expect("the shutdown waited on a hung store");
 }

@@ -231,6 +231,9 @@ pub enum ErrorAction {
     /// Give the job back untouched (it did not run): `pending` at its place in line, the
     /// attempt not counted.
     Release,
+    /// Run the job again after this delay without counting this run: no error is stored and
+    /// `max_attempts` is not neared ([`JobError::snooze`]).
+    Snooze(Duration),
 }
 
 /// A handler's failure, carrying the intent for what happens next.
@@ -272,6 +275,23 @@ impl JobError {
     /// start an external call safely).
     pub fn release(reason: impl Into<BoxError>) -> Self {
         JobError::new(ErrorAction::Release, reason)
+    }
+
+    /// Not a failure: the job should run again after `delay`, this run not counted against
+    /// `max_attempts` and no error stored (Oban's and River's "snooze"). For a job that waits on
+    /// something outside it: a partner's rate window, a file that is not there yet. A job that
+    /// snoozes forever never ends; bound it in the handler (its payload, or
+    /// [`JobContext::attempts`] which snoozes leave unchanged, cannot count snoozes for you).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use queue_core::{ErrorAction, JobError};
+    ///
+    /// let later = JobError::snooze(Duration::from_secs(30));
+    /// assert_eq!(later.action(), ErrorAction::Snooze(Duration::from_secs(30)));
+    /// ```
+    pub fn snooze(delay: Duration) -> Self {
+        JobError::new(ErrorAction::Snooze(delay), "snoozed")
     }
 
     /// The intent.

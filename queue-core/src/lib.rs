@@ -68,6 +68,7 @@ pub mod limits;
 mod memory;
 pub mod metrics;
 mod retry;
+pub mod schedule;
 mod types;
 mod worker;
 

@@ -98,6 +98,9 @@ impl Finalize {
         match self {
             Finalize::Complete => Finalize::Complete,
             Finalize::Release => Finalize::Release,
+            Finalize::Snooze { at } => Finalize::Snooze {
+                at: storable_run_at(*at),
+            },
             Finalize::Fail { error } => Finalize::Fail { error: text(error) },
             Finalize::Retry { at, error } => Finalize::Retry {
                 at: storable_run_at(*at),

@@ -224,6 +224,10 @@ impl State {
                 row.last_error = Some(error.clone());
             }
             Finalize::Release => row.attempts -= 1,
+            Finalize::Snooze { at } => {
+                row.next_attempt_at = resolve(*at, now);
+                row.attempts -= 1;
+            }
         }
         if row.status.is_terminal() {
             row.finished_at = Some(now);
@@ -635,7 +639,7 @@ impl Backend for MemoryBackend {
         Ok(match previous {
             Some(previous) => {
                 tx.undo.push((claim.id.0, Some(previous)));
-                if matches!(action, Finalize::Release | Finalize::Retry { .. }) {
+                if action.requeues() {
                     tx.wake = Some(self.store.wake.clone());
                 }
                 FinalizeOutcome::Applied

@@ -35,6 +35,8 @@ pub const JOBS_FAILED: &str = "queue_jobs_failed_total";
 pub const JOBS_RETRIED: &str = "queue_jobs_retried_total";
 /// Claims given back unstarted or aborted (counter).
 pub const JOBS_RELEASED: &str = "queue_jobs_released_total";
+/// Jobs their handler snoozed: due again later, the run not counted as an attempt (counter).
+pub const JOBS_SNOOZED: &str = "queue_jobs_snoozed_total";
 /// Jobs cancelled by their holder: by the handler, or on an operator's request (counter).
 pub const JOBS_CANCELLED: &str = "queue_jobs_cancelled_total";
 /// Jobs ended `dead`: past the reclaim cap, or after a finalize hook kept failing (counter).
@@ -63,11 +65,18 @@ pub const JOB_RUN_DURATION: &str = "queue_job_run_duration_seconds";
 /// From when a job was due to when a claim took it, by the database's clock, in seconds;
 /// takeovers left out (histogram). The queue's lag as the workers see it.
 pub const JOB_START_LAG: &str = "queue_job_start_lag_seconds";
+/// Periods whose job a scheduler enqueued, labelled `queue` and `schedule` (counter).
+pub const SCHEDULE_ENQUEUED: &str = "queue_schedule_enqueued_total";
+/// Periods a scheduler left out: missed past its policy, or refused by the store, labelled
+/// `queue` and `schedule` (counter).
+pub const SCHEDULE_SKIPPED: &str = "queue_schedule_skipped_total";
+/// The label naming a schedule.
+pub const SCHEDULE_LABEL: &str = "schedule";
 /// Handlers running now in this process (gauge).
 pub const JOBS_IN_FLIGHT: &str = "queue_jobs_in_flight";
 
 /// Every metric's name, for documentation and tests.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 22] = [
     JOBS_ENQUEUED,
     JOBS_CLAIMED,
     JOBS_RECLAIMED,
@@ -75,6 +84,7 @@ pub const ALL: [&str; 19] = [
     JOBS_FAILED,
     JOBS_RETRIED,
     JOBS_RELEASED,
+    JOBS_SNOOZED,
     JOBS_CANCELLED,
     JOBS_DEAD,
     FINALIZE_STALE,
@@ -87,6 +97,8 @@ pub const ALL: [&str; 19] = [
     JOB_RUN_DURATION,
     JOB_START_LAG,
     JOBS_IN_FLIGHT,
+    SCHEDULE_ENQUEUED,
+    SCHEDULE_SKIPPED,
 ];
 
 /// Counts `jobs` newly written to `queue` by an enqueue ([`JOBS_ENQUEUED`]): what backends call
@@ -96,6 +108,27 @@ pub fn record_enqueued(queue: &QueueName, jobs: u64) {
         ::metrics::counter!(JOBS_ENQUEUED, QUEUE_LABEL => queue.as_str().to_owned())
             .increment(jobs);
     }
+}
+
+/// Counts a scheduler's pass of one schedule: periods enqueued, and periods refused.
+pub(crate) fn record_schedule(queue: &QueueName, schedule: &str, enqueued: u64, refused: u64) {
+    let labels = || {
+        [
+            (QUEUE_LABEL, queue.as_str().to_owned()),
+            (SCHEDULE_LABEL, schedule.to_owned()),
+        ]
+    };
+    if enqueued > 0 {
+        ::metrics::counter!(SCHEDULE_ENQUEUED, &labels()).increment(enqueued);
+    }
+    if refused > 0 {
+        ::metrics::counter!(SCHEDULE_SKIPPED, &labels()).increment(refused);
+    }
+}
+
+/// Counts periods a schedule skipped as its policy says.
+pub(crate) fn record_schedule_skipped(queue: &QueueName, schedule: &str, skipped: u64) {
+    record_schedule(queue, schedule, 0, skipped);
 }
 
 /// One queue's metric handles, taken once (a worker at its start, a backend handle when
@@ -108,6 +141,7 @@ pub(crate) struct QueueMetrics {
     failed: Counter,
     retried: Counter,
     released: Counter,
+    snoozed: Counter,
     cancelled: Counter,
     dead: Counter,
     stale: Counter,
@@ -132,6 +166,7 @@ impl QueueMetrics {
             failed: ::metrics::counter!(JOBS_FAILED, &label()),
             retried: ::metrics::counter!(JOBS_RETRIED, &label()),
             released: ::metrics::counter!(JOBS_RELEASED, &label()),
+            snoozed: ::metrics::counter!(JOBS_SNOOZED, &label()),
             cancelled: ::metrics::counter!(JOBS_CANCELLED, &label()),
             dead: ::metrics::counter!(JOBS_DEAD, &label()),
             stale: ::metrics::counter!(FINALIZE_STALE, &label()),
@@ -190,6 +225,7 @@ impl QueueMetrics {
             (_, Finalize::Fail { .. }) => &self.failed,
             (_, Finalize::Cancel { .. }) => &self.cancelled,
             (_, Finalize::Release) => &self.released,
+            (_, Finalize::Snooze { .. }) => &self.snoozed,
             (_, Finalize::Dead { .. }) => &self.dead,
         };
         counter.increment(1);

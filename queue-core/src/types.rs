@@ -406,6 +406,14 @@ pub enum Finalize {
     /// Give the job back unstarted: `pending`, keeping its place in line, without counting the
     /// attempt (graceful shutdown uses this for claims it never started).
     Release,
+    /// Run the job again later without counting this run: `pending`, due at `at`, the attempt
+    /// given back and no error stored, so a job that waits on something (a partner's rate
+    /// window, a file not there yet) can wait as often as it needs without nearing
+    /// `max_attempts`. A job that snoozes forever never ends: bound it in the handler.
+    Snooze {
+        /// When the job becomes due again.
+        at: RunAt,
+    },
     /// The lease holder decided the job must not run: `cancelled`.
     Cancel {
         /// Why; stored in `last_error`.
@@ -425,7 +433,9 @@ impl Finalize {
         match self {
             Finalize::Complete => JobStatus::Completed,
             Finalize::Fail { .. } => JobStatus::Failed,
-            Finalize::Retry { .. } | Finalize::Release => JobStatus::Pending,
+            Finalize::Retry { .. } | Finalize::Release | Finalize::Snooze { .. } => {
+                JobStatus::Pending
+            }
             Finalize::Cancel { .. } => JobStatus::Cancelled,
             Finalize::Dead { .. } => JobStatus::Dead,
         }
@@ -437,18 +447,39 @@ impl Finalize {
         match self {
             Finalize::Fail { error } | Finalize::Retry { error, .. } => Some(error),
             Finalize::Cancel { reason } | Finalize::Dead { reason } => Some(reason),
-            Finalize::Complete | Finalize::Release => None,
+            Finalize::Complete | Finalize::Release | Finalize::Snooze { .. } => None,
         }
     }
 
+    /// Whether this write gives the claim's attempt back (`attempts` decremented): a release
+    /// and a snooze, which are not runs that count.
+    pub fn gives_back_attempt(&self) -> bool {
+        matches!(self, Finalize::Release | Finalize::Snooze { .. })
+    }
+
+    /// When the job is due again, for the writes that move `next_attempt_at` (a retry, a
+    /// snooze); `None` for the others (a release keeps the job's place in line).
+    pub fn due_again(&self) -> Option<RunAt> {
+        match self {
+            Finalize::Retry { at, .. } | Finalize::Snooze { at } => Some(*at),
+            _ => None,
+        }
+    }
+
+    /// Whether this write puts the job back in line (`pending`): idle workers are woken.
+    pub fn requeues(&self) -> bool {
+        self.target_status() == JobStatus::Pending
+    }
+
     /// A short stable name for logs and the error history: `complete`, `fail`, `retry`,
-    /// `release`, `cancel`, `dead`.
+    /// `release`, `snooze`, `cancel`, `dead`.
     pub fn kind(&self) -> &'static str {
         match self {
             Finalize::Complete => "complete",
             Finalize::Fail { .. } => "fail",
             Finalize::Retry { .. } => "retry",
             Finalize::Release => "release",
+            Finalize::Snooze { .. } => "snooze",
             Finalize::Cancel { .. } => "cancel",
             Finalize::Dead { .. } => "dead",
         }

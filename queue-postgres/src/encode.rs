@@ -73,6 +73,11 @@ impl<'a> FinalizeColumns<'a> {
                 Finalize::Cancel { reason } | Finalize::Dead { reason } => {
                     (None, None, text(reason))
                 }
+                // A snooze, as a retry, always moves next_attempt_at.
+                Finalize::Snooze { at } => match split_run_at(storable_run_at(*at)) {
+                    (None, None) => (None, Some(0.0), None),
+                    (at, delay) => (at, delay, None),
+                },
                 Finalize::Complete | Finalize::Release => (None, None, None),
             };
             let status = action.target_status();
@@ -80,7 +85,7 @@ impl<'a> FinalizeColumns<'a> {
             columns.generations.push(claim.generation.0);
             columns.tokens.push(claim.token.0);
             columns.statuses.push(status.as_str());
-            columns.give_backs.push(matches!(action, Finalize::Release));
+            columns.give_backs.push(action.gives_back_attempt());
             columns.run_ats.push(at);
             columns.delays.push(delay);
             columns.errors.push(error);

@@ -901,20 +901,18 @@ impl SqliteQueue {
                 None => return Ok(FinalizeOutcome::Stale),
             },
         };
-        let (at, delay) = match &action {
-            // A retry always moves next_attempt_at: "now" is a delay of zero.
-            Finalize::Retry { at, .. } => match split_run_at(*at) {
-                (None, None) => (None, Some(0.0)),
-                other => other,
-            },
-            _ => (None, None),
+        // A retry or snooze always moves next_attempt_at: "now" is a delay of zero.
+        let (at, delay) = match action.due_again().map(split_run_at) {
+            Some((None, None)) => (None, Some(0.0)),
+            Some(other) => other,
+            None => (None, None),
         };
         let target = action.target_status();
         let done = sqlx::query(AssertSqlSafe(sql.finalize.as_str()))
             .bind(claim.id.0)
             .bind(claim.generation.0)
             .bind(target.as_str())
-            .bind(i64::from(matches!(action, Finalize::Release)))
+            .bind(i64::from(action.gives_back_attempt()))
             .bind(at)
             .bind(delay)
             .bind(action.error_text())
@@ -1045,7 +1043,7 @@ impl Backend for SqliteQueue {
         action: &Finalize,
     ) -> queue_core::Result<FinalizeOutcome> {
         let outcome = self.finalize_one(tx.conn(), claim, action).await?;
-        if outcome.is_applied() && matches!(action, Finalize::Release | Finalize::Retry { .. }) {
+        if outcome.is_applied() && action.requeues() {
             tx.wake = Some(self.inner.wake.clone());
         }
         Ok(outcome)

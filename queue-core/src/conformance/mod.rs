@@ -13,7 +13,7 @@
 //! extending this suite, not adding a backend-only test.
 //!
 //! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`],
-//! [`admin`]); each is
+//! [`admin`], [`scheduling`]); each is
 //! declared once, inside its topic's `cases!` block, which both defines it and registers it
 //! with [`conformance_suite!`](crate::conformance_suite).
 
@@ -62,6 +62,7 @@ pub mod enqueue;
 pub mod fence;
 pub mod hooks;
 pub mod lease;
+pub mod scheduling;
 pub mod worker;
 
 pub use admin::*;
@@ -69,6 +70,7 @@ pub use enqueue::*;
 pub use fence::*;
 pub use hooks::*;
 pub use lease::*;
+pub use scheduling::*;
 pub use worker::*;
 
 /// Expands to one `#[test]` per conformance case for the given [`Harness`] type.
@@ -81,6 +83,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_hooks!($harness);
         $crate::__conformance_worker!($harness);
         $crate::__conformance_admin!($harness);
+        $crate::__conformance_scheduling!($harness);
     };
 }
 

@@ -127,7 +127,7 @@ async fn cancel_if_requested<B: Backend, H: Handler>(
     job: &ClaimedJob,
     action: Finalize,
 ) -> Finalize {
-    if !matches!(action, Finalize::Retry { .. } | Finalize::Release) {
+    if !action.requeues() {
         return action;
     }
     // Bounded like a heartbeat: no answer within a sixth of the lease keeps the outcome.
@@ -283,6 +283,9 @@ pub(super) fn decide(
         ErrorAction::Fail => Finalize::Fail { error },
         ErrorAction::Cancel => Finalize::Cancel { reason: error },
         ErrorAction::Release => Finalize::Release,
+        ErrorAction::Snooze(delay) => Finalize::Snooze {
+            at: RunAt::After(delay),
+        },
         ErrorAction::Retry | ErrorAction::RetryAfter(_) if policy.gives_up_after(previous) => {
             Finalize::Fail {
                 error: format!(
@@ -360,6 +363,17 @@ mod tests {
         assert_eq!(
             decide(&policy, &job(9, 0), Err(JobError::release("no lease left"))),
             Finalize::Release
+        );
+        // A snooze is not a handler error: not even past max_attempts does it fail the job.
+        assert_eq!(
+            decide(
+                &policy,
+                &job(9, 0),
+                Err(JobError::snooze(Duration::from_secs(5)))
+            ),
+            Finalize::Snooze {
+                at: RunAt::After(Duration::from_secs(5))
+            }
         );
         assert!(matches!(
             decide(&policy, &job(1, 0), Err(JobError::retry_after(Duration::from_secs(7), "later"))),

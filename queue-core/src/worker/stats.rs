@@ -22,6 +22,8 @@ pub struct WorkerStats {
     pub cancelled: u64,
     /// Claims released unstarted (applied).
     pub released: u64,
+    /// Jobs their handler snoozed (applied): due again later, the run not counted.
+    pub snoozed: u64,
     /// Writes refused by the fence.
     pub stale: u64,
     /// Jobs ended `dead` (applied): past the reclaim cap, or after a finalize hook kept
@@ -45,6 +47,7 @@ impl WorkerStats {
             + self.failed
             + self.cancelled
             + self.released
+            + self.snoozed
             + self.stale
             + self.finalize_errors
             + self.unknown
@@ -61,6 +64,7 @@ impl WorkerStats {
             Finalize::Fail { .. } => self.failed += 1,
             Finalize::Cancel { .. } => self.cancelled += 1,
             Finalize::Release => self.released += 1,
+            Finalize::Snooze { .. } => self.snoozed += 1,
             Finalize::Dead { .. } => self.dead += 1,
         }
     }

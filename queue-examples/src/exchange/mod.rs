@@ -127,7 +127,7 @@ impl EventType {
             Finalize::Fail { .. } | Finalize::Cancel { .. } | Finalize::Dead { .. } => {
                 Some((EventType::Failed, TransactionStatus::Failed))
             }
-            Finalize::Retry { .. } | Finalize::Release => None,
+            Finalize::Retry { .. } | Finalize::Release | Finalize::Snooze { .. } => None,
         }
     }
 }
@@ -192,7 +192,7 @@ impl FailureKind {
     pub fn of_outcome(action: &queue_core::Finalize) -> Option<Self> {
         use queue_core::Finalize;
         match action {
-            Finalize::Complete | Finalize::Release => None,
+            Finalize::Complete | Finalize::Release | Finalize::Snooze { .. } => None,
             Finalize::Fail { error } | Finalize::Retry { error, .. } => {
                 Some(FailureKind::of_error(error))
             }
