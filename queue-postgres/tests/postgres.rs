@@ -1536,3 +1536,166 @@ async fn admin_pool() -> sqlx::PgPool {
         .await
         .unwrap()
 }
+
+/// What a scheduler child process prints to report (libtest's own lines are told apart).
+const CHILD_LINE: &str = "scheduler-child:";
+
+/// One scheduler child of `three_scheduler_processes_enqueue_each_period_once`: a process of
+/// its own, on its own connections, its clock moved by its parent.
+struct SchedulerChild {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl SchedulerChild {
+    /// The child and its first report, after a pass at `start`.
+    fn spawn(db: &TestDb, start: &str) -> (SchedulerChild, (u64, u64)) {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "scheduler_process", "--ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env("QUEUE_SCHEDULER_DB", support::url(db))
+            .env("QUEUE_SCHEDULER_START", start)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the test binary runs a child of itself");
+        let stdin = child.stdin.take().unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut child = SchedulerChild {
+            child,
+            stdin,
+            lines,
+        };
+        let first = child.report();
+        (child, first)
+    }
+
+    /// The child's next report: `(enqueued, duplicates)` so far, after a pass at its clock's
+    /// time.
+    fn report(&mut self) -> (u64, u64) {
+        for line in self.lines.by_ref() {
+            let line = line.expect("the child's stdout");
+            // libtest may have begun the line with the test's name.
+            if let Some((_, report)) = line.split_once(CHILD_LINE) {
+                let mut numbers = report.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+                return (numbers.next().unwrap(), numbers.next().unwrap());
+            }
+        }
+        panic!("the scheduler child exited without reporting");
+    }
+
+    fn advance(&mut self, secs: u64) -> (u64, u64) {
+        use std::io::Write;
+        writeln!(self.stdin, "advance {secs}").unwrap();
+        self.stdin.flush().unwrap();
+        self.report()
+    }
+}
+
+/// Three scheduler processes on one database run one schedule through six periods, their
+/// clocks moved by the test: one job per period, none missed; a process killed and started
+/// again in the middle of a period enqueues nothing new.
+#[test]
+fn three_scheduler_processes_enqueue_each_period_once() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let mut children: Vec<SchedulerChild> = [
+        "2026-01-01T00:00:30Z",
+        "2026-01-01T00:00:32Z",
+        "2026-01-01T00:00:27Z",
+    ]
+    .iter()
+    .map(|start| SchedulerChild::spawn(&db, start).0)
+    .collect();
+    let mut reports = Vec::new();
+    for _ in 1..=5 {
+        reports = children.iter_mut().map(|c| c.advance(60)).collect();
+    }
+    let enqueued: u64 = reports.iter().map(|r| r.0).sum();
+    let duplicates: u64 = reports.iter().map(|r| r.1).sum();
+    assert_eq!((enqueued, duplicates), (6, 12), "{reports:?}");
+
+    // Killed, then started again in the middle of the period of 00:05.
+    let mut killed = children.remove(0);
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    let (restarted, first) = SchedulerChild::spawn(&db, "2026-01-01T00:05:45Z");
+    assert_eq!(first, (0, 1), "the period's job was there already");
+
+    runtime.block_on(async {
+        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        assert_eq!(queue.counts().await.unwrap().pending, 6);
+        let schedule = scheduler_schedule();
+        for minute in 0..=5 {
+            let period: chrono::DateTime<chrono::Utc> =
+                format!("2026-01-01T00:0{minute}:00Z").parse().unwrap();
+            let job = queue_core::Admin::find_by_unique_key(&queue, &schedule.unique_key(period))
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("no job for the period {period}"));
+            assert_eq!(job.next_attempt_at, period);
+        }
+        db.drop_db().await;
+    });
+    for mut child in children.into_iter().chain([restarted]) {
+        child.child.kill().unwrap();
+        child.child.wait().unwrap();
+    }
+}
+
+fn scheduler_schedule() -> queue_core::schedule::Schedule {
+    queue_core::schedule::Schedule::every("rates", Duration::from_secs(60)).unwrap()
+}
+
+/// The child process of `three_scheduler_processes_enqueue_each_period_once` (run by it, with
+/// its database and start time in the environment): a scheduler on a clock that stands still
+/// until a line `advance <seconds>` on stdin moves it; after each pass it prints what it has
+/// enqueued and found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of three_scheduler_processes_enqueue_each_period_once"]
+async fn scheduler_process() {
+    use queue_core::schedule::{Clock, ManualClock, Scheduler};
+    let url = std::env::var("QUEUE_SCHEDULER_DB")
+        .expect("run by three_scheduler_processes_enqueue_each_period_once");
+    let start: chrono::DateTime<chrono::Utc> = std::env::var("QUEUE_SCHEDULER_START")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pool = <queue_postgres::Sqlx as TestDriver>::pool(&url, 2);
+    let queue = queue_postgres::PgQueue::connect(pool, PgQueueConfig::default())
+        .await
+        .unwrap();
+    let clock = ManualClock::new(start);
+    let scheduler = Scheduler::new(queue)
+        .schedule(scheduler_schedule())
+        .unwrap()
+        .clock(clock.clone())
+        .start()
+        .unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if lines_tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        // Bounded, so that a scheduler that stops passing ends the child and fails the parent.
+        let stats = scheduler
+            .wait_for_timeout(Duration::from_secs(30), |s| s.seen >= Some(clock.now()))
+            .await
+            .expect("a pass at the clock's time");
+        let rates = &stats.schedules["rates"];
+        println!("{CHILD_LINE} {} {}", rates.enqueued, rates.duplicates);
+        let Some(line) = lines.recv().await else {
+            break;
+        };
+        let secs: u64 = line.strip_prefix("advance ").unwrap().parse().unwrap();
+        clock.advance(Duration::from_secs(secs));
+    }
+    scheduler.shutdown().await;
+}

@@ -4,5 +4,6 @@
 pub mod hooks;
 pub mod orders;
 pub mod receipt;
+pub mod schedule;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use queue_core::{BoxError, QueueName, Worker, WorkerConfig};
 use queue_postgres::{PgQueue, PgQueueConfig, TableName};
-use receipts::{hooks, orders, receipt};
+use receipts::{hooks, orders, receipt, schedule};
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -34,6 +34,8 @@ async fn main() -> Result<(), BoxError> {
     let worker = Worker::new(queue.clone(), handler, worker_config)?
         .hook(hooks::MarkReceiptSent)
         .start();
+    // The daily canary and retention; refuses retention shorter than a schedule looks back.
+    let scheduler = schedule::scheduler(queue.clone())?.start()?;
 
     // For the demo, two orders; a real service enqueues from its request handlers.
     let first = orders::place_order(&pool, &queue, "ada@example.com").await?;
@@ -46,6 +48,7 @@ async fn main() -> Result<(), BoxError> {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    scheduler.shutdown().await;
     let report = worker.shutdown().await?;
     println!(
         "stopped: {} released unstarted, {} finished in time, {} aborted; {} completed in all",

@@ -93,7 +93,8 @@ impl Handler for ReceiptHandler {
         match sent {
             Ok(()) => Ok(()),
             Err(MailError::Rejected(why)) => Err(JobError::fail(why)),
-            Err(MailError::RateLimited(wait)) => Err(JobError::retry_after(wait, "rate limited")),
+            // Asked to wait is not a failure: the job runs again later, the run not counted.
+            Err(MailError::RateLimited(wait)) => Err(JobError::snooze(wait)),
         }
     }
 }

@@ -174,3 +174,31 @@ async fn an_order_and_its_receipt_commit_together_on_postgres() -> Result<(), Bo
     db.drop_db().await;
     Ok(())
 }
+
+/// The canary is enqueued once a day at 07:00 Berlin time (06:00 UTC in winter), a receipt the
+/// handler sends like any other; the scheduler's clock is moved, not waited for.
+#[tokio::test]
+async fn the_daily_canary_is_enqueued_at_seven_in_berlin() -> Result<(), BoxError> {
+    use queue_core::schedule::{Clock, ManualClock};
+    let queue = MemoryBackend::new();
+    let clock = ManualClock::new("2026-01-10T05:59:00Z".parse()?);
+    let scheduler = crate::schedule::scheduler(queue.clone())?
+        .clock(clock.clone())
+        .start()?;
+    let seven: chrono::DateTime<chrono::Utc> = "2026-01-10T06:00:00Z".parse()?;
+    let before = scheduler.wait_for(|s| s.seen >= Some(clock.now())).await;
+    assert_eq!(before.schedules["canary-receipt"].next, Some(seven));
+    clock.advance(Duration::from_secs(60));
+    let after = scheduler.wait_for(|s| s.seen >= Some(clock.now())).await;
+    assert_eq!(after.schedules["canary-receipt"].enqueued, 1);
+    scheduler.shutdown().await;
+    let canary = queue
+        .claim(ClaimRequest::new(1, Lease::DEFAULT))
+        .await?
+        .jobs
+        .remove(0);
+    let payload: SendReceipt = serde_json::from_value(canary.payload)?;
+    assert_eq!(payload.email, "ops@example.com");
+    assert_eq!(payload.order_id, -(seven.timestamp() / 86_400));
+    Ok(())
+}
