@@ -130,6 +130,27 @@ pub enum InvalidInput {
     /// An instant outside [`crate::limits::EARLIEST`] ..= [`crate::limits::LATEST`].
     #[error("the instant {0} is outside the range the queue stores (1970 to 9999)")]
     InstantOutOfRange(chrono::DateTime<chrono::Utc>),
+    /// A job with a [`crate::UniqueScope`] other than the default but no unique key.
+    #[error("a unique scope needs a unique key")]
+    UniqueScopeWithoutKey,
+    /// A [`crate::UniqueScope`] that lists no status a holder keeps its key in.
+    #[error("a unique scope needs at least one status a holder keeps its key in")]
+    UniqueScopeEmpty,
+    /// A unique period longer than [`crate::limits::MAX_DELAY`].
+    #[error("a unique period of {0:?} is longer than the longest the queue stores ({max:?})", max = crate::limits::MAX_DELAY)]
+    UniquePeriodTooLong(Duration),
+    /// One enqueue call holds two jobs with one unique key, one of them with a unique scope:
+    /// which should meet the other's scope is not the backend's to guess. `first` and `second`
+    /// are their positions in the call (the key itself is not repeated here).
+    #[error(
+        "jobs {first} and {second} of the call share a unique key, and one has a unique scope: enqueue them in separate calls"
+    )]
+    RepeatedScopedKey {
+        /// The first job's position.
+        first: usize,
+        /// The second job's position.
+        second: usize,
+    },
 }
 
 /// A configuration value that was refused, with what was wrong.

@@ -98,6 +98,7 @@ pub use types::{
     ClaimBatch, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, DEFAULT_MAX_RECLAIMS,
     Enqueued, ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobId, JobRecord,
     JobStatus, Lease, NewJob, QueueCounts, QueueName, QueueStats, RECLAIM_CAP_MESSAGE, RunAt,
+    UniqueScope,
 };
 pub use worker::{ShutdownReport, WaitTimedOut, Worker, WorkerConfig, WorkerHandle, WorkerStats};
 

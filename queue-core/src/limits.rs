@@ -7,7 +7,7 @@
 //! [`EARLIEST`] and [`LATEST`]. So one bad value never costs a batch of outcomes its write.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -131,6 +131,31 @@ pub fn check_batch(items: &[(Claim, Finalize)]) -> Result<(), InvalidInput> {
     Ok(())
 }
 
+/// Refuses an enqueue call in which two jobs share a unique key and one of them has a unique
+/// scope ([`InvalidInput::RepeatedScopedKey`]); every backend runs it with [`NewJob::check`].
+/// Repeated keys without scopes are fine: the first job of the key is inserted, and the later
+/// ones report it.
+pub fn check_enqueue_batch(jobs: &[NewJob]) -> Result<(), InvalidInput> {
+    if jobs.iter().all(|job| job.unique.is_default()) {
+        return Ok(());
+    }
+    let mut seen: HashMap<&str, (usize, bool)> = HashMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(key) = job.unique_key.as_deref() else {
+            continue;
+        };
+        let scoped = !job.unique.is_default();
+        if let Some(&(first, first_scoped)) = seen.get(key) {
+            if scoped || first_scoped {
+                return Err(InvalidInput::RepeatedScopedKey { first, second: i });
+            }
+        } else {
+            seen.insert(key, (i, scoped));
+        }
+    }
+    Ok(())
+}
+
 impl NewJob {
     /// Refuses a job no backend could store as given: NUL characters in the payload or the
     /// unique key, a payload over [`DEFAULT_MAX_PAYLOAD_BYTES`], a unique key over
@@ -159,6 +184,17 @@ impl NewJob {
             }
             if key.len() > MAX_UNIQUE_KEY_BYTES {
                 return Err(InvalidInput::UniqueKeyTooLong { len: key.len() });
+            }
+        }
+        if !self.unique.is_default() {
+            if self.unique_key.is_none() {
+                return Err(InvalidInput::UniqueScopeWithoutKey);
+            }
+            if self.unique.held_while.as_ref().is_some_and(Vec::is_empty) {
+                return Err(InvalidInput::UniqueScopeEmpty);
+            }
+            if let Some(period) = self.unique.held_for.filter(|p| *p > MAX_DELAY) {
+                return Err(InvalidInput::UniquePeriodTooLong(period));
             }
         }
         match self.run_at {

@@ -132,17 +132,36 @@ impl State {
         old
     }
 
-    fn insert(&mut self, queue: &QueueName, job: NewJob, now: DateTime<Utc>) -> (Enqueued, i64) {
+    /// Inserts `job`, or finds (or replaces) the job holding its unique key; a holder out of
+    /// the job's scope gives its key up first. Returns what happened and each row it changed,
+    /// as it was before (`None`: the row is new), for an undo log.
+    fn insert(
+        &mut self,
+        queue: &QueueName,
+        job: NewJob,
+        now: DateTime<Utc>,
+    ) -> (Enqueued, Vec<(i64, Option<JobRecord>)>) {
+        let mut changed = Vec::new();
         if let Some(key) = &job.unique_key
             && let Some(&id) = self.unique.get(&(queue.as_str().to_owned(), key.clone()))
         {
-            return (
-                Enqueued {
-                    id: JobId(id),
-                    duplicate: true,
-                },
-                id,
-            );
+            let holder = self.jobs[&id].clone();
+            let age = (now - holder.created_at).to_std().unwrap_or_default();
+            if job.unique.holds(holder.status, age) {
+                let replaced = job.unique.replace && holder.status == JobStatus::Pending;
+                if replaced {
+                    let mut row = holder.clone();
+                    row.payload = job.payload;
+                    row.priority = job.priority;
+                    row.next_attempt_at = resolve(job.run_at, now);
+                    row.updated_at = now;
+                    changed.push((id, self.put(id, Some(row))));
+                }
+                return (Enqueued::existing(JobId(id), replaced), changed);
+            }
+            let mut released = holder;
+            released.unique_key = None;
+            changed.push((id, self.put(id, Some(released))));
         }
         self.next_id += 1;
         let id = self.next_id;
@@ -168,14 +187,8 @@ impl State {
             claimed_by: None,
             errors: Vec::new(),
         };
-        self.put(id, Some(row));
-        (
-            Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            },
-            id,
-        )
+        changed.push((id, self.put(id, Some(row))));
+        (Enqueued::inserted(JobId(id)), changed)
     }
 
     /// The fenced write: applies only to a job of `queue` in flight under `claim.generation`.
@@ -511,6 +524,7 @@ impl Backend for MemoryBackend {
         for job in &jobs {
             job.check_within(self.max_payload_bytes)?;
         }
+        crate::limits::check_enqueue_batch(&jobs)?;
         let now = self.now();
         let mut state = self.store.state.lock().await;
         let out: Vec<Enqueued> = jobs
@@ -527,12 +541,12 @@ impl Backend for MemoryBackend {
     async fn enqueue_in(&self, tx: &mut MemoryTx, job: NewJob) -> Result<Enqueued> {
         job.check_within(self.max_payload_bytes)?;
         let now = tx.now;
-        let (enqueued, id) = tx.state().insert(&self.queue, job, now);
+        let (enqueued, changed) = tx.state().insert(&self.queue, job, now);
         crate::metrics::record_enqueued(&self.queue, u64::from(!enqueued.duplicate));
-        if !enqueued.duplicate {
-            tx.undo.push((id, None));
+        if !enqueued.duplicate || enqueued.replaced {
             tx.wake = Some(self.store.wake.clone());
         }
+        tx.undo.extend(changed);
         Ok(enqueued)
     }
 

@@ -270,8 +270,68 @@ pub struct NewJob {
     /// When the job first becomes due; default [`RunAt::Now`].
     pub run_at: RunAt,
     /// With a key, a second enqueue of the same key into the same queue returns the first job's
-    /// id instead of inserting, for as long as the first job's row exists (retention deletes it).
+    /// id instead of inserting, for as long as the first job's row exists (retention deletes it)
+    /// unless [`NewJob::unique`] narrows that.
     pub unique_key: Option<String>,
+    /// How long a job already holding [`NewJob::unique_key`] keeps it against this enqueue, and
+    /// what this enqueue does to a pending holder. Default: the holder keeps the key in every
+    /// status and this enqueue is dropped as a duplicate.
+    pub unique: UniqueScope,
+}
+
+/// How long a unique key holds against a new enqueue, and what a duplicate does; set on the
+/// new job ([`NewJob::unique_while`], [`NewJob::unique_for`], [`NewJob::replace_pending`]).
+///
+/// A holder out of the new job's scope (in a status not listed, or enqueued longer ago than the
+/// period) gives its key up: it keeps its row and history, without the key, and the new job is
+/// inserted with the key. Concurrent enqueues of one key still insert at most one job.
+///
+/// ```
+/// use std::time::Duration;
+/// use queue_core::{JobStatus, NewJob, UniqueScope};
+///
+/// // One sync per account at a time: a finished sync no longer blocks the next.
+/// let sync = NewJob::from_value(serde_json::json!({"account": 7}))
+///     .unique_key("sync:7")
+///     .unique_while(&[JobStatus::Pending, JobStatus::InFlight]);
+/// assert_eq!(sync.unique.held_while, Some(UniqueScope::UNFINISHED.to_vec()));
+/// // A digest at most once an hour; a newer one waiting replaces the waiting one's payload.
+/// let digest = NewJob::from_value(serde_json::json!({"user": 7}))
+///     .unique_key("digest:7")
+///     .unique_for(Duration::from_secs(3600))
+///     .replace_pending();
+/// assert!(digest.unique.replace);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UniqueScope {
+    /// The statuses in which a holder keeps its key; `None`: every status (until retention
+    /// deletes the row).
+    pub held_while: Option<Vec<JobStatus>>,
+    /// How long after its enqueue a holder keeps its key; `None`: for ever.
+    pub held_for: Option<Duration>,
+    /// A duplicate whose holder is pending (and in scope) replaces the holder's payload,
+    /// priority and due time with its own instead of being dropped: a debounce. A holder that a
+    /// worker has claimed already is left as it is, and the enqueue reports a plain duplicate.
+    pub replace: bool,
+}
+
+impl UniqueScope {
+    /// The statuses of a job not yet finished: pending and in flight. With
+    /// [`NewJob::unique_while`], a key that a finished job gives up.
+    pub const UNFINISHED: [JobStatus; 2] = [JobStatus::Pending, JobStatus::InFlight];
+
+    /// Whether this is the default scope (held in every status, for ever, no replace).
+    pub fn is_default(&self) -> bool {
+        self.held_while.is_none() && self.held_for.is_none() && !self.replace
+    }
+
+    /// Whether a holder in `status`, enqueued `age` ago, keeps its key against this scope.
+    pub fn holds(&self, status: JobStatus, age: Duration) -> bool {
+        self.held_while
+            .as_ref()
+            .is_none_or(|statuses| statuses.contains(&status))
+            && self.held_for.is_none_or(|period| age < period)
+    }
 }
 
 impl NewJob {
@@ -288,6 +348,7 @@ impl NewJob {
             priority: 0,
             run_at: RunAt::Now,
             unique_key: None,
+            unique: UniqueScope::default(),
         }
     }
 
@@ -308,6 +369,31 @@ impl NewJob {
         self.unique_key = Some(key.into());
         self
     }
+
+    /// Lets a holder of the unique key keep it only while in one of `statuses` (see
+    /// [`UniqueScope::held_while`]); [`UniqueScope::UNFINISHED`] makes the key free again once
+    /// its job has finished. Sorted and deduplicated; an empty list is refused at enqueue.
+    pub fn unique_while(mut self, statuses: &[JobStatus]) -> Self {
+        let mut statuses = statuses.to_vec();
+        statuses.sort_by_key(|s| s.as_str());
+        statuses.dedup();
+        self.unique.held_while = Some(statuses);
+        self
+    }
+
+    /// Lets a holder of the unique key keep it only for `period` after its enqueue (by the
+    /// backend's clock): at most one job per key and period.
+    pub fn unique_for(mut self, period: Duration) -> Self {
+        self.unique.held_for = Some(period);
+        self
+    }
+
+    /// Makes a duplicate of a pending holder replace its payload, priority and due time (see
+    /// [`UniqueScope::replace`]): with [`RunAt::After`], a debounce.
+    pub fn replace_pending(mut self) -> Self {
+        self.unique.replace = true;
+        self
+    }
 }
 
 /// What an enqueue did.
@@ -317,6 +403,29 @@ pub struct Enqueued {
     pub id: JobId,
     /// True when a job with the same unique key already existed and nothing was inserted.
     pub duplicate: bool,
+    /// True when that job was pending and took this enqueue's payload, priority and due time
+    /// ([`NewJob::replace_pending`]); `duplicate` is true as well.
+    pub replaced: bool,
+}
+
+impl Enqueued {
+    /// A job this enqueue inserted.
+    pub fn inserted(id: JobId) -> Self {
+        Enqueued {
+            id,
+            duplicate: false,
+            replaced: false,
+        }
+    }
+
+    /// A job that held the key already (`replaced`: and took this enqueue's values).
+    pub fn existing(id: JobId, replaced: bool) -> Self {
+        Enqueued {
+            id,
+            duplicate: true,
+            replaced,
+        }
+    }
 }
 
 /// The fence of one claim: the job's id, the generation the claim produced and its token.

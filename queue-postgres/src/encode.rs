@@ -20,6 +20,12 @@ pub(crate) struct EnqueueColumns {
     pub run_ats: Vec<Option<DateTime<Utc>>>,
     pub delays: Vec<Option<f64>>,
     pub keys: Vec<Option<String>>,
+    /// Each job's [`queue_core::UniqueScope`]: the statuses a holder keeps the key in, as a
+    /// text array literal (`None`: every status); how long it keeps it, in seconds; whether a
+    /// duplicate replaces a pending holder.
+    pub held_while: Vec<Option<String>>,
+    pub held_for: Vec<Option<f64>>,
+    pub replaces: Vec<bool>,
 }
 
 impl EnqueueColumns {
@@ -32,6 +38,15 @@ impl EnqueueColumns {
             columns.run_ats.push(at);
             columns.delays.push(delay);
             columns.keys.push(job.unique_key);
+            let statuses = job.unique.held_while.map(|statuses| {
+                let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+                format!("{{{}}}", names.join(","))
+            });
+            columns.held_while.push(statuses);
+            columns
+                .held_for
+                .push(job.unique.held_for.map(|period| period.as_secs_f64()));
+            columns.replaces.push(job.unique.replace);
         }
         columns
     }

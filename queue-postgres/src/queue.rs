@@ -127,6 +127,7 @@ impl<D: Driver> PostgresQueue<D> {
         for job in jobs {
             job.check_within(config.max_payload_bytes)?;
         }
+        queue_core::limits::check_enqueue_batch(jobs)?;
         Ok(EnqueueTarget {
             queue: &config.queue,
             quoted_table: &self.inner.quoted_table,

@@ -75,10 +75,7 @@ pub(crate) async fn enqueue_copy<D: Driver>(
     }
     Ok(Some(
         ids.into_iter()
-            .map(|id| Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            })
+            .map(|id| Enqueued::inserted(JobId(id)))
             .collect(),
     ))
 }
@@ -113,15 +110,20 @@ pub(crate) async fn enqueue<D: Driver>(
             &c.delays,
             &c.keys,
             target.channel,
+            &c.held_while,
+            &c.held_for,
+            &c.replaces,
         );
         D::query(conn, &sql.enqueue, &params).await?
     };
     rows.iter()
         .map(|row| {
-            Ok(Enqueued {
-                id: JobId(get::<D, i64>(row, "id")?),
-                duplicate: !get::<D, bool>(row, "inserted")?,
-            })
+            let id = JobId(get::<D, i64>(row, "id")?);
+            if get::<D, bool>(row, "inserted")? {
+                Ok(Enqueued::inserted(id))
+            } else {
+                Ok(Enqueued::existing(id, get::<D, bool>(row, "replaced")?))
+            }
         })
         .collect()
 }

@@ -221,6 +221,8 @@ impl std::fmt::Debug for SqliteQueue {
 struct Sql {
     insert: String,
     holder: String,
+    release_unique: String,
+    replace_unique: String,
     pick: String,
     claim: String,
     fence_read: String,
@@ -264,6 +266,23 @@ impl Sql {
                  RETURNING id"
             ),
             holder: format!("SELECT id FROM {t} WHERE queue = ?1 AND unique_key = ?2"),
+            // A holder out of the new job's scope (?3: the statuses it keeps the key in, a JSON
+            // array, NULL for all; ?4: seconds after its enqueue it keeps it, NULL for ever)
+            // gives the key up, keeping its row.
+            release_unique: format!(
+                "UPDATE {t} SET unique_key = NULL
+                 WHERE queue = ?1 AND unique_key = ?2
+                   AND ((?3 IS NOT NULL AND status NOT IN (SELECT value FROM json_each(?3)))
+                        OR (?4 IS NOT NULL AND created_at <= {now} - ?4))"
+            ),
+            // A pending holder takes a replacing duplicate's payload, priority and due time.
+            replace_unique: format!(
+                "UPDATE {t} SET payload = ?3, priority = ?4,
+                        next_attempt_at = CASE WHEN ?5 IS NOT NULL THEN ?5 ELSE {now} + coalesce(?6, 0) END,
+                        updated_at = {now}
+                 WHERE queue = ?1 AND unique_key = ?2 AND status = 'pending'
+                 RETURNING id"
+            ),
             // The three picks, each an ordered scan of a bounded range of its partial index that
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
@@ -746,6 +765,37 @@ impl SqliteQueue {
         job.check_within(self.inner.config.max_payload_bytes)?;
         let (at, delay) = split_run_at(job.run_at);
         let payload = job.payload.to_string();
+        if let Some(key) = job.unique_key.as_deref()
+            && !job.unique.is_default()
+        {
+            let held_while = job.unique.held_while.as_ref().map(|statuses| {
+                Value::from(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>()).to_string()
+            });
+            sqlx::query(AssertSqlSafe(self.inner.sql.release_unique.as_str()))
+                .bind(self.queue_str())
+                .bind(key)
+                .bind(held_while)
+                .bind(job.unique.held_for.map(|period| period.as_secs_f64()))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            if job.unique.replace {
+                let replaced: Option<i64> =
+                    sqlx::query_scalar(AssertSqlSafe(self.inner.sql.replace_unique.as_str()))
+                        .bind(self.queue_str())
+                        .bind(key)
+                        .bind(&payload)
+                        .bind(i64::from(job.priority))
+                        .bind(at)
+                        .bind(delay)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                if let Some(id) = replaced {
+                    return Ok(Enqueued::existing(JobId(id), true));
+                }
+            }
+        }
         let inserted: Option<i64> =
             sqlx::query_scalar(AssertSqlSafe(self.inner.sql.insert.as_str()))
                 .bind(self.queue_str())
@@ -758,10 +808,7 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
         if let Some(id) = inserted {
-            return Ok(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            });
+            return Ok(Enqueued::inserted(JobId(id)));
         }
         let key = job.unique_key.as_deref().unwrap_or_default();
         let holder: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.holder.as_str()))
@@ -770,16 +817,14 @@ impl SqliteQueue {
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Enqueued {
-            id: JobId(holder),
-            duplicate: true,
-        })
+        Ok(Enqueued::existing(JobId(holder), false))
     }
 
     async fn enqueue_rows(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, SqliteError> {
         for job in &jobs {
             job.check_within(self.inner.config.max_payload_bytes)?;
         }
+        queue_core::limits::check_enqueue_batch(&jobs)?;
         let mut tx = self.begin_immediate().await?;
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -1022,7 +1067,7 @@ impl Backend for SqliteQueue {
             &self.inner.config.queue,
             u64::from(!enqueued.duplicate),
         );
-        if !enqueued.duplicate {
+        if !enqueued.duplicate || enqueued.replaced {
             tx.wake = Some(self.inner.wake.clone());
         }
         Ok(enqueued)

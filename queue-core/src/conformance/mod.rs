@@ -13,7 +13,7 @@
 //! extending this suite, not adding a backend-only test.
 //!
 //! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`],
-//! [`admin`], [`scheduling`]); each is
+//! [`admin`], [`scheduling`], [`unique`]); each is
 //! declared once, inside its topic's `cases!` block, which both defines it and registers it
 //! with [`conformance_suite!`](crate::conformance_suite).
 
@@ -63,6 +63,7 @@ pub mod fence;
 pub mod hooks;
 pub mod lease;
 pub mod scheduling;
+pub mod unique;
 pub mod worker;
 
 pub use admin::*;
@@ -71,6 +72,7 @@ pub use fence::*;
 pub use hooks::*;
 pub use lease::*;
 pub use scheduling::*;
+pub use unique::*;
 pub use worker::*;
 
 /// Expands to one `#[test]` per conformance case for the given [`Harness`] type.
@@ -84,6 +86,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_worker!($harness);
         $crate::__conformance_admin!($harness);
         $crate::__conformance_scheduling!($harness);
+        $crate::__conformance_unique!($harness);
     };
 }
 
