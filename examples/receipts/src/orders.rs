@@ -1,6 +1,6 @@
 //! Placing an order: the order row and its receipt job commit together, or neither does.
 
-use queue_core::{BoxError, NewJob};
+use queue_core::{Backend, BoxError, Enqueued, NewJob, UniqueScope};
 use queue_postgres::PgQueue;
 use sqlx::PgPool;
 
@@ -48,4 +48,24 @@ pub async fn place_order_own_insert(
     queue.notify_in(&mut tx).await?;
     tx.commit().await?;
     Ok(order_id)
+}
+
+/// Sends an order's receipt again: the customer's "resend" button. However often it is
+/// pressed, one resend of an order waits or runs at a time; a press while one waits gives it
+/// the newest address instead of queueing another, and once it was sent the next press sends
+/// again.
+pub async fn resend_receipt<B: Backend>(
+    queue: &B,
+    order_id: i64,
+    email: &str,
+) -> Result<Enqueued, BoxError> {
+    let receipt = SendReceipt {
+        order_id,
+        email: email.to_owned(),
+    };
+    let job = NewJob::new(&receipt)?
+        .unique_key(format!("resend-{order_id}"))
+        .unique_while(&UniqueScope::UNFINISHED)
+        .replace_pending();
+    Ok(queue.enqueue(job).await?)
 }

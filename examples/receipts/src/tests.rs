@@ -202,3 +202,27 @@ async fn the_daily_canary_is_enqueued_at_seven_in_berlin() -> Result<(), BoxErro
     assert_eq!(payload.order_id, -(seven.timestamp() / 86_400));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_resend_waits_once_takes_the_newest_address_and_sends_again_later()
+-> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    let first = crate::orders::resend_receipt(&queue, 7, "ada@example.com").await?;
+    let again = crate::orders::resend_receipt(&queue, 7, "ada@new.example").await?;
+    assert!(!first.duplicate);
+    assert!(again.replaced && again.id == first.id, "{again:?}");
+    let claimed = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await?
+        .jobs;
+    assert_eq!(claimed.len(), 1, "one resend, however often pressed");
+    assert_eq!(claimed[0].payload["email"], "ada@new.example");
+    let running = crate::orders::resend_receipt(&queue, 7, "ada@third.example").await?;
+    assert!(running.duplicate && !running.replaced, "the running one keeps its address");
+    queue
+        .finalize(claimed[0].claim(), &Finalize::Complete)
+        .await?;
+    let later = crate::orders::resend_receipt(&queue, 7, "ada@new.example").await?;
+    assert!(!later.duplicate, "sent: the next press sends again");
+    Ok(())
+}
