@@ -31,3 +31,9 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
     served_at     timestamptz,
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS max_in_flight integer CHECK (max_in_flight > 0),
+    ADD COLUMN IF NOT EXISTS rate_starts   integer CHECK (rate_starts > 0),
+    ADD COLUMN IF NOT EXISTS rate_per_ms   bigint  CHECK (rate_per_ms > 0),
+    ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]';

@@ -35,7 +35,7 @@ use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
 use crate::backend::{Backend, BackendTx};
-use crate::error::{InvalidInput, Result};
+use crate::error::{ConfigError, InvalidInput, Result};
 use crate::events;
 use crate::hooks::{Hooks, Payload, ReopenEvent};
 use crate::types::{JobId, JobRecord, JobStatus, QueueName};
@@ -144,6 +144,142 @@ pub struct QueueControl {
     pub stale_fences: u64,
     /// When the last of them was recorded.
     pub last_stale_at: Option<DateTime<Utc>>,
+    /// The limits in force on the queue's claims ([`Admin::set_limits`]).
+    pub limits: QueueLimits,
+}
+
+/// Limits on a queue's claims across every worker process of every binary, stored with the
+/// queue ([`Admin::set_limits`]) and enforced by the claim itself. No limit by default.
+///
+/// ```
+/// use std::time::Duration;
+/// use queue_core::{QueueLimits, RateLimit};
+///
+/// // One partner takes at most 8 requests at once and 100 a minute.
+/// let limits = QueueLimits {
+///     max_in_flight: Some(8),
+///     rate: Some(RateLimit::new(100, Duration::from_secs(60))?),
+/// };
+/// assert_eq!(limits.to_string(), "at most 8 in flight, 100 starts per 60s");
+/// # Ok::<(), queue_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueLimits {
+    /// At most this many of the queue's jobs in flight at once: claimed, with a lease that has
+    /// not expired. A job whose lease expired no longer counts (its worker is presumed gone),
+    /// and its takeover counts again. At least 1.
+    pub max_in_flight: Option<u32>,
+    /// At most so many claims of the queue's jobs within any window of the given length.
+    pub rate: Option<RateLimit>,
+}
+
+impl QueueLimits {
+    /// No limit: every claim takes what its batch asks for.
+    pub const NONE: QueueLimits = QueueLimits {
+        max_in_flight: None,
+        rate: None,
+    };
+
+    /// Whether no limit is set.
+    pub fn is_none(&self) -> bool {
+        self.max_in_flight.is_none() && self.rate.is_none()
+    }
+
+    /// Refuses a `max_in_flight` of 0 (a queue nobody may run is a pause: [`Admin::pause`]).
+    pub fn check(&self) -> std::result::Result<(), ConfigError> {
+        if self.max_in_flight == Some(0) {
+            return Err(ConfigError::OutOfRange {
+                name: "max_in_flight",
+                detail: "0 would stop the queue; pause it instead".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// How many jobs a claim may take now, of `batch` asked for: `live` jobs are in flight
+    /// with live leases, and `started` were claimed within the rate's window. The one rule
+    /// every backend applies.
+    pub fn allowed(&self, batch: u32, live: u64, started: u64) -> u32 {
+        let room = |limit: u32, used: u64| u64::from(limit).saturating_sub(used);
+        let mut allowed = u64::from(batch);
+        if let Some(max) = self.max_in_flight {
+            allowed = allowed.min(room(max, live));
+        }
+        if let Some(rate) = self.rate {
+            allowed = allowed.min(room(rate.starts, started));
+        }
+        allowed as u32
+    }
+}
+
+/// `at most 8 in flight, 100 starts per 60s`, or `no limits`.
+impl std::fmt::Display for QueueLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.max_in_flight, self.rate) {
+            (None, None) => f.write_str("no limits"),
+            (Some(max), None) => write!(f, "at most {max} in flight"),
+            (None, Some(rate)) => write!(f, "{rate}"),
+            (Some(max), Some(rate)) => write!(f, "at most {max} in flight, {rate}"),
+        }
+    }
+}
+
+/// `100 starts per 60s` (milliseconds when the window is not whole seconds).
+impl std::fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.per.as_millis();
+        if ms.is_multiple_of(1000) {
+            write!(f, "{} starts per {}s", self.starts, ms / 1000)
+        } else {
+            write!(f, "{} starts per {ms}ms", self.starts)
+        }
+    }
+}
+
+/// At most `starts` claims within any window of length `per` (a sliding window, not a
+/// refilling bucket: no burst past `starts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    starts: u32,
+    per: Duration,
+}
+
+impl RateLimit {
+    /// The longest window: a day.
+    pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+    /// The most starts per window: 100 000.
+    pub const MAX_STARTS: u32 = 100_000;
+
+    /// `starts` claims (1 to [`RateLimit::MAX_STARTS`]) per `per` (a millisecond to
+    /// [`RateLimit::MAX_WINDOW`]).
+    pub fn new(starts: u32, per: Duration) -> std::result::Result<Self, ConfigError> {
+        if starts == 0 || starts > Self::MAX_STARTS {
+            return Err(ConfigError::OutOfRange {
+                name: "rate limit starts",
+                detail: format!("{starts} is outside 1 to {}", Self::MAX_STARTS),
+            });
+        }
+        if per < Duration::from_millis(1) || per > Self::MAX_WINDOW {
+            return Err(ConfigError::OutOfRange {
+                name: "rate limit window",
+                detail: format!("{per:?} is outside 1 ms to a day"),
+            });
+        }
+        Ok(RateLimit {
+            starts,
+            per: Duration::from_millis(per.as_millis() as u64),
+        })
+    }
+
+    /// Claims allowed per window.
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
+    /// The window, in whole milliseconds.
+    pub fn per(&self) -> Duration {
+        self.per
+    }
 }
 
 /// The jobs of a queue that ended in one minute ([`Admin::throughput`]).
@@ -265,8 +401,14 @@ pub trait Admin: Backend {
     /// Resumes a paused queue, and wakes its idle workers where the backend can.
     fn resume(&self) -> impl Future<Output = Result<QueueControl>> + Send;
 
-    /// Whether the queue is paused.
+    /// Whether the queue is paused, and the limits in force.
     fn control(&self) -> impl Future<Output = Result<QueueControl>> + Send;
+
+    /// Sets the queue's limits ([`QueueLimits::NONE`] removes them). Stored, so they hold for
+    /// every worker of every process and outlive restarts; each worker's claims obey them from
+    /// its next claim on (on PostgreSQL within a second: a worker that has not yet seen them
+    /// claims nothing from a limited queue until it has).
+    fn set_limits(&self, limits: QueueLimits) -> impl Future<Output = Result<QueueControl>> + Send;
 
     /// The queues of this handle's store (a PostgreSQL table, a memory store) that have a
     /// pending, running, failed, dead or cancelled job, a pause, a stale fence, or a worker that

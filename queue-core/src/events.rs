@@ -94,6 +94,8 @@ pub const SCHEDULE_FAILED: &str = "queue.schedule_failed";
 pub const SCHEDULE_REFUSED: &str = "queue.schedule_refused";
 /// A retention run failed; it runs again at its next interval (warn).
 pub const RETENTION_FAILED: &str = "queue.retention_failed";
+/// An operator set a queue's limits (info).
+pub const QUEUE_LIMITS_SET: &str = "queue.queue_limits_set";
 /// Terminal jobs purged by an operator (info).
 pub const JOBS_PURGED: &str = "queue.jobs_purged";
 
@@ -321,6 +323,18 @@ pub(crate) fn retention_failed(queue: &QueueName, error: &Error) {
         queue = %queue,
         error = %error,
         "{RETENTION_FAILED}: it runs again at its next interval"
+    );
+}
+
+/// Logs [`QUEUE_LIMITS_SET`] (every backend's `Admin::set_limits`).
+pub fn queue_limits_set(queue: &QueueName, limits: &crate::admin::QueueLimits) {
+    tracing::info!(
+        name: QUEUE_LIMITS_SET,
+        queue = %queue,
+        max_in_flight = limits.max_in_flight,
+        rate_starts = limits.rate.map(|r| r.starts()),
+        rate_per_ms = limits.rate.map(|r| r.per().as_millis() as u64),
+        "{QUEUE_LIMITS_SET}"
     );
 }
 

@@ -82,7 +82,7 @@ pub mod conformance;
 
 pub use admin::{
     Admin, DrainReport, JobFilter, JobPage, MAX_PAGE, MinuteCounts, PurgeRequest, QueueControl,
-    RETRYABLE, RetryTarget, drain, purge, retry_with_hooks,
+    QueueLimits, RETRYABLE, RateLimit, RetryTarget, drain, purge, retry_with_hooks,
 };
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};

@@ -63,6 +63,9 @@ struct State {
     stale: HashMap<String, (u64, DateTime<Utc>)>,
     /// Queues a worker served.
     served: BTreeSet<String>,
+    /// Limits per queue, and each limited queue's recent claims (when, how many) for its rate.
+    limits: HashMap<String, crate::admin::QueueLimits>,
+    started: HashMap<String, Vec<(DateTime<Utc>, u64)>>,
 }
 
 impl State {
@@ -72,7 +75,31 @@ impl State {
             paused_at: self.paused.get(queue).copied(),
             stale_fences: stale.map_or(0, |(n, _)| *n),
             last_stale_at: stale.map(|(_, at)| *at),
+            limits: self.limits.get(queue).copied().unwrap_or_default(),
         }
+    }
+
+    /// How many jobs a claim of `batch` may take from `queue` now, by its limits.
+    fn allowed(&mut self, queue: &str, batch: u32, now: DateTime<Utc>) -> u32 {
+        let Some(limits) = self.limits.get(queue).copied() else {
+            return batch;
+        };
+        let live = self.in_flight.get(queue).map_or(0, |ids| {
+            ids.iter()
+                .filter_map(|id| self.jobs.get(id))
+                .filter(|job| job.lease_expires_at.is_some_and(|at| at >= now))
+                .count() as u64
+        });
+        let started = match limits.rate {
+            Some(rate) => {
+                let since = now - chrono::Duration::from_std(rate.per()).unwrap_or_default();
+                let log = self.started.entry(queue.to_owned()).or_default();
+                log.retain(|(at, _)| *at > since);
+                log.iter().map(|(_, n)| n).sum()
+            }
+            None => 0,
+        };
+        limits.allowed(batch, live, started)
     }
 }
 
@@ -566,10 +593,13 @@ impl Backend for MemoryBackend {
     async fn claim(&self, request: ClaimRequest) -> Result<ClaimBatch> {
         let now = self.now();
         let lease = chrono::Duration::from_std(request.lease.duration()).expect("lease in range");
-        let limit = request.batch_size as usize;
         let mut state = self.store.state.lock().await;
         let queue = self.queue.as_str();
         if state.paused.contains_key(queue) {
+            return Ok(ClaimBatch::default());
+        }
+        let limit = state.allowed(queue, request.batch_size, now) as usize;
+        if limit == 0 {
             return Ok(ClaimBatch::default());
         }
 
@@ -638,6 +668,10 @@ impl Backend for MemoryBackend {
                 payload: row.payload.clone(),
             });
             state.put(id, Some(row));
+        }
+        if state.limits.get(queue).is_some_and(|l| l.rate.is_some()) && !batch.jobs.is_empty() {
+            let log = state.started.entry(queue.to_owned()).or_default();
+            log.push((now, batch.jobs.len() as u64));
         }
         Ok(batch)
     }
@@ -935,6 +969,25 @@ impl crate::admin::Admin for MemoryBackend {
 
     async fn control(&self) -> Result<crate::admin::QueueControl> {
         Ok(self.store.state.lock().await.control(self.queue.as_str()))
+    }
+
+    async fn set_limits(
+        &self,
+        limits: crate::admin::QueueLimits,
+    ) -> Result<crate::admin::QueueControl> {
+        limits.check()?;
+        let mut state = self.store.state.lock().await;
+        let queue = self.queue.as_str().to_owned();
+        if limits.is_none() {
+            state.limits.remove(&queue);
+        } else {
+            state.limits.insert(queue.clone(), limits);
+        }
+        let control = state.control(&queue);
+        drop(state);
+        crate::events::queue_limits_set(&self.queue, &limits);
+        self.wake();
+        Ok(control)
     }
 
     fn for_queue(&self, queue: QueueName) -> Self {

@@ -275,6 +275,9 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
                 a href=(d.href(&format!("/jobs?queue={}", name.as_str()))) { (name.as_str()) }
                 @if control.is_paused() { " " span.paused { "paused" } }
             }
+            @if !control.limits.is_none() {
+                p.muted data-limits=(control.limits.to_string()) { "Limits: " (control.limits.to_string()) }
+            }
             div.counts {
                 div { b data-count="due" { a href=(jobs("pending")) { (capped(stats.due)) } } "due" }
                 div { b data-count="scheduled" { (capped(stats.scheduled)) } "scheduled" }

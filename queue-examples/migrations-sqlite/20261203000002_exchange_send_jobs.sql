@@ -58,3 +58,7 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
     served_at     REAL,
     updated_at    REAL    NOT NULL DEFAULT (unixepoch('subsec'))
 ) STRICT;
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN max_in_flight INTEGER CHECK (max_in_flight > 0);
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_starts INTEGER CHECK (rate_starts > 0);
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_per_ms INTEGER CHECK (rate_per_ms > 0);
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_log TEXT NOT NULL DEFAULT '[]';

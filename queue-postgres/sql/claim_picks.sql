@@ -1,14 +1,17 @@
 -- The claim's picks and its update, shared by claim.sql and finalize_claim.sql (each renders
 -- this file in place of its claim_picks token; claim.sql says what they guarantee).
--- Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its own.
+-- Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its own. Rendered
+-- with two tokens: batch, how many to take ($2, or claim_limited.sql's quota), and
+-- limited_guard, what else keeps a claim from a queue besides a pause (claim.sql's: limits,
+-- which only claim_limited.sql applies; claim_limited.sql's: nothing).
 due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, false AS expired
     FROM "{{table}}"
     WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
       AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
-                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
+                      WHERE c.queue = $1 AND (c.paused_at IS NOT NULL {{limited_guard}}))
     ORDER BY next_attempt_at, priority, id
-    LIMIT $2
+    LIMIT {{batch}}
     FOR UPDATE SKIP LOCKED
 ),
 expired AS MATERIALIZED (
@@ -20,16 +23,16 @@ expired AS MATERIALIZED (
            OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
       AND id <> ALL($7::bigint[])
       AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
-                      WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
+                      WHERE c.queue = $1 AND (c.paused_at IS NOT NULL {{limited_guard}}))
     ORDER BY lease_expires_at NULLS FIRST
-    LIMIT $2
+    LIMIT {{batch}}
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
     SELECT id, expired, reclaims
     FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
     ORDER BY next_attempt_at, priority, id
-    LIMIT $2
+    LIMIT {{batch}}
 ),
 claimed AS (
     UPDATE "{{table}}" AS j

@@ -39,4 +39,11 @@ CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
     last_stale_at timestamptz,
     served_at     timestamptz,
     updated_at    timestamptz NOT NULL DEFAULT now()
-)
+);
+
+-- The queue limits (table migration 20261205000001), on a controls table of any age.
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS max_in_flight integer CHECK (max_in_flight > 0),
+    ADD COLUMN IF NOT EXISTS rate_starts   integer CHECK (rate_starts > 0),
+    ADD COLUMN IF NOT EXISTS rate_per_ms   bigint  CHECK (rate_per_ms > 0),
+    ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]'

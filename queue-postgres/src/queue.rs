@@ -7,8 +7,8 @@ use std::time::Duration;
 use queue_core::{
     Backend, BackendTx, CancelTarget, Claim, ClaimBatch, ClaimRequest, Enqueued, Finalize,
     FinalizeOutcome, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease,
-    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
-    RetryTarget,
+    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits, QueueName,
+    QueueStats, RetryTarget,
 };
 use tokio::sync::Notify;
 
@@ -37,7 +37,21 @@ struct Inner<D: Driver> {
     quoted_table: String,
     channel: String,
     wake: Arc<Notify>,
+    /// Whether the queue had limits when this handle last looked, and when that was.
+    limits_seen: std::sync::Mutex<LimitsSeen>,
     _listener: Option<ListenerGuard>,
+}
+
+/// How long a handle trusts what it last read of its queue's limits. Claims of a queue with
+/// limits take the locked path (`lock_queue.sql`, `claim_limited.sql`); a handle that has not
+/// yet seen a queue's new limits claims nothing from it meanwhile (`claim.sql` refuses a
+/// limited queue), so the limits hold from the moment they commit.
+const LIMITS_RECHECK: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+struct LimitsSeen {
+    at: Option<std::time::Instant>,
+    limited: bool,
 }
 
 impl<D: Driver> Clone for PostgresQueue<D> {
@@ -88,6 +102,7 @@ impl<D: Driver> PostgresQueue<D> {
                 sql,
                 channel,
                 wake,
+                limits_seen: Default::default(),
                 _listener: listener,
             }),
         })
@@ -228,7 +243,48 @@ impl<D: Driver> PostgresQueue<D> {
         schema::evaluate_schema(table, &facts)
     }
 
+    /// Whether the queue has limits, as last read (again once [`LIMITS_RECHECK`] has passed).
+    async fn limited(&self) -> Result<bool, PgError> {
+        {
+            let seen = self.inner.limits_seen.lock().expect("limits lock");
+            if seen.at.is_some_and(|at| at.elapsed() < LIMITS_RECHECK) {
+                return Ok(seen.limited);
+            }
+        }
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let control =
+            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
+        self.saw_limits(!control.limits.is_none());
+        Ok(!control.limits.is_none())
+    }
+
+    fn saw_limits(&self, limited: bool) {
+        let mut seen = self.inner.limits_seen.lock().expect("limits lock");
+        *seen = LimitsSeen {
+            at: Some(std::time::Instant::now()),
+            limited,
+        };
+    }
+
+    /// A claim of a queue with limits: the queue's row locked, then `claim_limited.sql`, in
+    /// one transaction, so that claims of the queue take turns and each counts the last.
+    async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
+        let inner = &self.inner;
+        let mut tx = D::begin(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        let jobs =
+            statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, request).await?;
+        D::commit(tx).await?;
+        self.saw_limits(!limits.is_none());
+        Ok(ClaimBatch { jobs })
+    }
+
     async fn claim_jobs(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
+        if self.limited().await? {
+            return self.claim_limited(request).await;
+        }
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
         let jobs = statement::claim::<D>(
@@ -371,6 +427,11 @@ impl<D: Driver> Backend for PostgresQueue<D> {
             return Ok((Vec::new(), self.claim_jobs(&request).await?));
         }
         queue_core::limits::check_batch(items)?;
+        if self.limited().await? {
+            // A limited queue's claim takes its turn under the queue's lock: not fused.
+            let written = self.finalize_pooled(items).await?;
+            return Ok((written, self.claim_limited(&request).await?));
+        }
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
         let (written, jobs) = statement::finalize_claim::<D>(
@@ -606,6 +667,18 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         Ok(statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?)
     }
 
+    async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {
+        limits.check()?;
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        let control =
+            statement::set_limits::<D>(D::pooled(&mut conn), &inner.sql, queue, &limits).await?;
+        self.saw_limits(!control.limits.is_none());
+        queue_core::events::queue_limits_set(queue, &limits);
+        Ok(control)
+    }
+
     async fn queues(&self) -> queue_core::Result<Vec<QueueName>> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
@@ -629,6 +702,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 quoted_table: inner.quoted_table.clone(),
                 channel: inner.channel.clone(),
                 wake: Arc::new(Notify::new()),
+                limits_seen: Default::default(),
                 _listener: None,
             }),
         }

@@ -75,6 +75,10 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
     REQUIRED_INDEXES.iter().map(|(suffix, _)| *suffix)
 }
 
+/// The columns of `<table>_queues` that the claim of a limited queue reads.
+const CONTROLS_LIMITS_COLUMNS: [&str; 4] =
+    ["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"];
+
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TableFacts {
@@ -86,6 +90,8 @@ pub(crate) struct TableFacts {
     pub(crate) invalid_indexes: Vec<String>,
     /// Whether the queue controls table (`<table>_queues`) exists.
     pub(crate) has_controls_table: bool,
+    /// The columns of the queue controls table.
+    pub(crate) controls_columns: Vec<String>,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -128,6 +134,18 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
         missing.push(format!(
             "the table {table}_queues (queue pauses, table migration 20261202000001)"
         ));
+    } else {
+        let absent: Vec<&str> = CONTROLS_LIMITS_COLUMNS
+            .into_iter()
+            .filter(|name| !facts.controls_columns.iter().any(|c| c == name))
+            .collect();
+        if !absent.is_empty() {
+            missing.push(format!(
+                "columns {} of {table}_queues (queue limits, table migration 20261205000001: \
+                 commit table_migration_sql(table, 20261205000001) as a migration of your own)",
+                absent.join(", ")
+            ));
+        }
     }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
@@ -199,12 +217,26 @@ mod tests {
             indexes: vec![],
             invalid_indexes: vec!["queue_jobs_due_idx".into()],
             has_controls_table: false,
+            controls_columns: vec![],
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
         assert!(text.contains("column claimed_at") && text.contains("queue_jobs_lease_idx"));
         assert!(
             text.contains("index queue_jobs_due_idx is invalid"),
+            "{text}"
+        );
+        let before_limits = TableFacts {
+            has_controls_table: true,
+            controls_columns: vec!["queue".into(), "paused_at".into()],
+            ..legacy
+        };
+        let text = evaluate_schema(&table, &before_limits)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("max_in_flight, rate_starts, rate_per_ms, rate_log of queue_jobs_queues")
+                && text.contains("20261205000001"),
             "{text}"
         );
     }

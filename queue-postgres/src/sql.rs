@@ -33,6 +33,9 @@ pub(crate) const ENQUEUE_COPY: Template = template!("enqueue_copy.sql");
 pub(crate) const NOTIFY: Template = template!("notify.sql");
 pub(crate) const CLAIM: Template = template!("claim.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
+pub(crate) const CLAIM_LIMITED: Template = template!("claim_limited.sql");
+pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
+pub(crate) const SET_LIMITS: Template = template!("set_limits.sql");
 pub(crate) const FINALIZE_CLAIM: Template = template!("finalize_claim.sql");
 pub(crate) const FINALIZE: Template = template!("finalize.sql");
 pub(crate) const SAVEPOINT: Template = template!("savepoint.sql");
@@ -69,7 +72,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 4] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 5] = [
     (
         20261130000001,
         "queue jobs",
@@ -100,6 +103,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 4] = [
         Template {
             name: "20261204000001_claim_token.sql",
             text: include_str!("../migrations/20261204000001_claim_token.sql"),
+        },
+    ),
+    (
+        20261205000001,
+        "queue limits",
+        Template {
+            name: "20261205000001_queue_limits.sql",
+            text: include_str!("../migrations/20261205000001_queue_limits.sql"),
         },
     ),
 ];
@@ -212,10 +223,30 @@ pub(crate) fn for_table_with(
     render(template, &values)
 }
 
+/// What keeps `claim.sql` (and `finalize_claim.sql`) from a queue besides a pause: limits,
+/// which only `claim_limited.sql` applies.
+const LIMITED_GUARD: &str = "OR c.max_in_flight IS NOT NULL OR c.rate_starts IS NOT NULL";
+
+/// `claim_picks.sql` for `table`, taking `batch` jobs, kept from a queue by `guard` as well as
+/// by a pause.
+fn claim_picks(table: &TableName, batch: &str, guard: &str) -> Result<String, PgError> {
+    for_table_with(
+        CLAIM_PICKS,
+        table,
+        &[("batch", batch), ("limited_guard", guard)],
+    )
+}
+
 /// `claim.sql` for `table`, with `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let picks = for_table(CLAIM_PICKS, table)?;
+    let picks = claim_picks(table, "$2", LIMITED_GUARD)?;
     for_table_with(CLAIM, table, &[("claim_picks", &picks)])
+}
+
+/// `claim_limited.sql` for `table`: `claim_picks.sql` taking the quota, on limited queues too.
+pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
+    let picks = claim_picks(table, "(SELECT allowed FROM quota)", "")?;
+    for_table_with(CLAIM_LIMITED, table, &[("claim_picks", &picks)])
 }
 
 /// The parameters of `finalize.sql` that `finalize_claim.sql` puts before the claim's.
@@ -225,7 +256,7 @@ pub(crate) const FINALIZE_PARAMS: usize = 10;
 /// parameters numbered after finalize's.
 pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
     let finalize = for_table(FINALIZE, table)?;
-    let picks = shift_params(&for_table(CLAIM_PICKS, table)?, FINALIZE_PARAMS);
+    let picks = shift_params(&claim_picks(table, "$2", LIMITED_GUARD)?, FINALIZE_PARAMS);
     for_table_with(
         FINALIZE_CLAIM,
         table,
@@ -300,6 +331,9 @@ pub(crate) struct Sql {
     pub(crate) enqueue_copy: Arc<str>,
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
+    pub(crate) claim_limited: Arc<str>,
+    pub(crate) lock_queue: Arc<str>,
+    pub(crate) set_limits: Arc<str>,
     pub(crate) finalize: Arc<str>,
     pub(crate) finalize_claim: Arc<str>,
     pub(crate) extend_lease: Arc<str>,
@@ -330,6 +364,9 @@ impl Sql {
             enqueue_copy: r(ENQUEUE_COPY)?,
             notify: r(NOTIFY)?,
             claim: claim(table)?.into(),
+            claim_limited: claim_limited(table)?.into(),
+            lock_queue: r(LOCK_QUEUE)?,
+            set_limits: r(SET_LIMITS)?,
             finalize: r(FINALIZE)?,
             finalize_claim: finalize_claim(table)?.into(),
             extend_lease: r(EXTEND_LEASE)?,
@@ -446,7 +483,7 @@ mod tests {
         let table = TableName::default();
         let fused = squash(&finalize_claim(&table).unwrap());
         assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
-        let picks = squash(&queue_jobs(CLAIM_PICKS));
+        let picks = squash(&claim_picks(&table, "$2", LIMITED_GUARD).unwrap());
         assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
         assert!(fused.contains("queue = $11 AND status = 'pending'"));
         assert!(fused.contains("AND id <> ALL($17::bigint[])"));
@@ -458,6 +495,11 @@ mod tests {
         let first = finalize_claim(&table).unwrap();
         assert!(first.starts_with(claim_first_line()));
         assert!(claim(&table).unwrap().starts_with(claim_first_line()));
+        assert!(
+            claim_limited(&table)
+                .unwrap()
+                .starts_with(claim_first_line())
+        );
     }
 
     #[test]

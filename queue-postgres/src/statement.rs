@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use queue_core::{
     CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, Enqueued,
     ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord,
-    JobStatus, Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName,
-    QueueStats, RetryTarget,
+    JobStatus, Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits,
+    QueueName, QueueStats, RateLimit, RetryTarget,
 };
 use serde_json::Value;
 
@@ -398,16 +398,31 @@ pub(crate) async fn table_facts<D: Driver>(
         false
     };
     let controls = table.controls_quoted();
-    let rows = D::query(conn, &text(sql::TABLE_EXISTS)?, &(controls.as_str(),)).await?;
+    let rows = D::query(
+        D::reborrow(&mut conn),
+        &text(sql::TABLE_EXISTS)?,
+        &(controls.as_str(),),
+    )
+    .await?;
     let has_controls_table = match rows.first() {
         Some(row) => get::<D, bool>(row, "present")?,
         None => false,
+    };
+    let controls_columns = if has_controls_table {
+        D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
+            .await?
+            .iter()
+            .map(|row| get::<D, String>(row, "name"))
+            .collect::<Result<Vec<_>, PgError>>()?
+    } else {
+        Vec::new()
     };
     Ok(TableFacts {
         columns,
         indexes,
         invalid_indexes,
         has_controls_table,
+        controls_columns,
         id_has_sequence,
     })
 }
@@ -539,7 +554,76 @@ fn queue_control<D: Driver>(row: &D::Row) -> Result<QueueControl, PgError> {
         paused_at: get::<D, _>(row, "paused_at")?,
         stale_fences: get::<D, i64>(row, "stale_fences")?.max(0) as u64,
         last_stale_at: get::<D, _>(row, "last_stale_at")?,
+        limits: queue_limits::<D>(row)?,
     })
+}
+
+/// The limits columns of a `"{table}_queues"` row (`max_in_flight`, `rate_starts`,
+/// `rate_per_ms`). Values the table's checks let through but a `RateLimit` would refuse (set
+/// by hand) are brought into its range rather than dropped: a limit is never lifted by a read.
+pub(crate) fn queue_limits<D: Driver>(row: &D::Row) -> Result<QueueLimits, PgError> {
+    let max_in_flight = get::<D, Option<i32>>(row, "max_in_flight")?.map(|n| n.max(1) as u32);
+    let starts = get::<D, Option<i32>>(row, "rate_starts")?;
+    let per_ms = get::<D, Option<i64>>(row, "rate_per_ms")?;
+    let rate = match (starts, per_ms) {
+        (Some(starts), Some(per_ms)) => {
+            let starts = (starts.max(1) as u32).min(RateLimit::MAX_STARTS);
+            let per = Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW);
+            RateLimit::new(starts, per).ok()
+        }
+        _ => None,
+    };
+    Ok(QueueLimits {
+        max_in_flight,
+        rate,
+    })
+}
+
+/// `set_limits.sql`: stores the queue's limits; returns its controls after the change.
+pub(crate) async fn set_limits<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    limits: &QueueLimits,
+) -> Result<QueueControl, PgError> {
+    let max_in_flight = limits
+        .max_in_flight
+        .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+    let starts = limits.rate.map(|r| r.starts() as i32);
+    let per_ms = limits.rate.map(|r| r.per().as_millis() as i64);
+    let params = (queue.as_str(), max_in_flight, starts, per_ms);
+    let rows = D::query(conn, &sql.set_limits, &params).await?;
+    let row = rows.first().ok_or(PgError::NoRow {
+        statement: "set_limits.sql",
+    })?;
+    queue_control::<D>(row)
+}
+
+/// `lock_queue.sql`: locks the queue's controls row for the transaction `conn` is in and
+/// returns its limits (none when it has no row).
+pub(crate) async fn lock_queue<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<QueueLimits, PgError> {
+    let rows = D::query(conn, &sql.lock_queue, &(queue.as_str(),)).await?;
+    match rows.first() {
+        Some(row) => queue_limits::<D>(row),
+        None => Ok(QueueLimits::NONE),
+    }
+}
+
+/// `claim_limited.sql`, after [`lock_queue`] in the same transaction.
+pub(crate) async fn claim_limited<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>, PgError> {
+    let none = Vec::new();
+    let params = claim_params(queue, request, &none);
+    let rows = D::query(conn, &sql.claim_limited, &params).await?;
+    rows.iter().map(claimed_job::<D>).collect()
 }
 
 /// `record_stale.sql`.

@@ -1699,3 +1699,94 @@ async fn scheduler_process() {
     }
     scheduler.shutdown().await;
 }
+
+/// Three worker processes of eight slots each on a queue limited to three jobs in flight:
+/// sampled from the database while they run, never more than three are in flight, the limit
+/// is reached (it binds), and every job completes.
+#[test]
+fn worker_processes_never_exceed_the_queue_limit() {
+    use queue_core::{Admin, QueueLimits};
+    const JOBS: i64 = 90;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    runtime.block_on(async {
+        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        let limits = QueueLimits {
+            max_in_flight: Some(3),
+            rate: None,
+        };
+        queue.set_limits(limits).await.unwrap();
+        let jobs = (0..JOBS).map(|n| NewJob::from_value(json!({ "n": n })));
+        queue.enqueue_many(jobs.collect()).await.unwrap();
+    });
+    let mut children: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "limited_worker_process", "--ignored"])
+                .args(["--nocapture", "--test-threads", "1"])
+                .env("QUEUE_LIMITED_DB", support::url(&db))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("the test binary runs a child of itself")
+        })
+        .collect();
+    let most = runtime.block_on(async {
+        let sample = async {
+            let mut most = 0;
+            let mut tick = tokio::time::interval(Duration::from_millis(2));
+            loop {
+                tick.tick().await;
+                let (in_flight, completed): (i64, i64) = sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE status = 'in_flight'),
+                            count(*) FILTER (WHERE status = 'completed')
+                     FROM queue_jobs",
+                )
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+                assert!(in_flight <= 3, "{in_flight} in flight, over the limit of 3");
+                most = most.max(in_flight);
+                if completed == JOBS {
+                    return most;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), sample)
+            .await
+            .expect("the workers finish the jobs")
+    });
+    for child in &mut children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert_eq!(most, 3, "the limit bound: three ran at once at some point");
+    runtime.block_on(db.drop_db());
+}
+
+/// A child process of `worker_processes_never_exceed_the_queue_limit`: a worker of eight slots
+/// whose jobs each take a few milliseconds (the work), until its parent kills it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of worker_processes_never_exceed_the_queue_limit"]
+async fn limited_worker_process() {
+    struct Work;
+    impl Handler for Work {
+        type Payload = Value;
+        async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(())
+        }
+    }
+    let url = std::env::var("QUEUE_LIMITED_DB")
+        .expect("run by worker_processes_never_exceed_the_queue_limit");
+    let pool = <queue_postgres::Sqlx as TestDriver>::pool(&url, 4);
+    let queue = queue_postgres::PgQueue::connect(pool, PgQueueConfig::default())
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        concurrency: 8,
+        poll_interval: Duration::from_millis(10),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(queue, Work, config).unwrap().start();
+    worker.wait_for(|_| false).await;
+}

@@ -16,8 +16,8 @@ use queue_core::{
     Backend, BackendTx, CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration,
     ClaimRequest, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize, FinalizeOutcome,
     FinishedCounts, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease,
-    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueName, QueueStats,
-    RetryTarget, RunAt,
+    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits, QueueName,
+    QueueStats, RateLimit, RetryTarget, RunAt,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -241,6 +241,9 @@ struct Sql {
     purge: String,
     pause: String,
     control: String,
+    set_limits: String,
+    quota: String,
+    log_starts: String,
     queues: String,
     throughput: String,
     record_stale: String,
@@ -401,9 +404,40 @@ impl Sql {
                  VALUES (?1, CASE WHEN ?2 THEN {now} END, {now})
                  ON CONFLICT (queue) DO UPDATE
                  SET paused_at = CASE WHEN ?2 THEN coalesce(paused_at, {now}) END, updated_at = {now}
-                 RETURNING paused_at, stale_fences, last_stale_at"
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms"
             ),
-            control: format!("SELECT paused_at, stale_fences, last_stale_at FROM {q} WHERE queue = ?1"),
+            control: format!(
+                "SELECT paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms
+                 FROM {q} WHERE queue = ?1"
+            ),
+            set_limits: format!(
+                "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, {now})
+                 ON CONFLICT (queue) DO UPDATE
+                 SET max_in_flight = ?2, rate_starts = ?3, rate_per_ms = ?4, updated_at = {now}
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms"
+            ),
+            // A limited queue's counts, read inside the claim's write transaction: jobs with a
+            // live lease, and claims within the rate's window ([epoch ms, jobs] pairs).
+            quota: format!(
+                "SELECT max_in_flight, rate_starts, rate_per_ms,
+                        (SELECT count(*) FROM {t} INDEXED BY \"{table}_expiry_idx\"
+                         WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at >= {now}) AS live,
+                        (SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
+                         FROM json_each(c.rate_log) AS e
+                         WHERE json_extract(e.value, '$[0]') > {now} * 1000 - c.rate_per_ms) AS started
+                 FROM {q} AS c
+                 WHERE queue = ?1 AND (max_in_flight IS NOT NULL OR rate_starts IS NOT NULL)"
+            ),
+            // A rate-limited queue's claim of ?2 jobs: the log keeps the window's claims and
+            // this one.
+            log_starts: format!(
+                "UPDATE {q} SET rate_log = json_insert(
+                     (SELECT json_group_array(json(e.value)) FROM json_each({q}.rate_log) AS e
+                      WHERE json_extract(e.value, '$[0]') > {now} * 1000 - {q}.rate_per_ms),
+                     '$[#]', json_array(round({now} * 1000), ?2))
+                 WHERE queue = ?1 AND rate_starts IS NOT NULL"
+            ),
             // One index probe per queue and family (SQLite's min() reads an index's first
             // entry), not a scan of the rows.
             queues: format!(
@@ -549,6 +583,28 @@ fn control_of(row: Option<&SqliteRow>) -> Result<QueueControl, SqliteError> {
         paused_at: optional_instant(-1, row.try_get("paused_at").map_err(db)?)?,
         stale_fences: row.try_get::<i64, _>("stale_fences").map_err(db)?.max(0) as u64,
         last_stale_at: optional_instant(-1, row.try_get("last_stale_at").map_err(db)?)?,
+        limits: queue_limits(row)?,
+    })
+}
+
+/// The limits columns of a controls row; values a `RateLimit` would refuse (set by hand) are
+/// brought into its range rather than dropped.
+fn queue_limits(row: &SqliteRow) -> Result<QueueLimits, SqliteError> {
+    let db = SqliteError::Database;
+    let max_in_flight: Option<i64> = row.try_get("max_in_flight").map_err(db)?;
+    let starts: Option<i64> = row.try_get("rate_starts").map_err(db)?;
+    let per_ms: Option<i64> = row.try_get("rate_per_ms").map_err(db)?;
+    let rate = match (starts, per_ms) {
+        (Some(starts), Some(per_ms)) => RateLimit::new(
+            starts.clamp(1, i64::from(RateLimit::MAX_STARTS)) as u32,
+            Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW),
+        )
+        .ok(),
+        _ => None,
+    };
+    Ok(QueueLimits {
+        max_in_flight: max_in_flight.map(|n| n.clamp(1, i64::from(u32::MAX)) as u32),
+        rate,
     })
 }
 
@@ -839,8 +895,33 @@ impl SqliteQueue {
 
     async fn claim_jobs(&self, request: &ClaimRequest) -> Result<ClaimBatch, SqliteError> {
         let sql = &self.inner.sql;
-        let limit = i64::from(request.batch_size.max(1));
         let mut tx = self.begin_immediate().await?;
+        // Claims write one at a time (BEGIN IMMEDIATE), so a limited queue's counts read here
+        // hold until this claim commits.
+        let quota = sqlx::query(AssertSqlSafe(sql.quota.as_str()))
+            .bind(self.queue_str())
+            .fetch_optional(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        let (limit, rate_limited) = match quota {
+            None => (request.batch_size.max(1), false),
+            Some(row) => {
+                let limits = queue_limits(&row)?;
+                let live: i64 = row.try_get("live").map_err(SqliteError::Database)?;
+                let started: i64 = row.try_get("started").map_err(SqliteError::Database)?;
+                let allowed = limits.allowed(
+                    request.batch_size.max(1),
+                    live.max(0) as u64,
+                    started.max(0) as u64,
+                );
+                (allowed, limits.rate.is_some())
+            }
+        };
+        if limit == 0 {
+            tx.rollback_now().await;
+            return Ok(ClaimBatch::default());
+        }
+        let limit = i64::from(limit);
         let picked = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
             .bind(self.queue_str())
             .bind(limit)
@@ -903,6 +984,14 @@ impl SqliteQueue {
                 priority: narrow(id, "priority", row.try_get("priority").map_err(db)?)?,
                 payload,
             });
+        }
+        if rate_limited && !jobs.is_empty() {
+            sqlx::query(AssertSqlSafe(sql.log_starts.as_str()))
+                .bind(self.queue_str())
+                .bind(jobs.len() as i64)
+                .execute(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
         }
         tx.commit_now().await?;
         let position: std::collections::HashMap<i64, usize> =
@@ -1335,6 +1424,22 @@ impl queue_core::Admin for SqliteQueue {
             .await
             .map_err(|e| self.err(e))?;
         Ok(control_of(row.as_ref())?)
+    }
+
+    async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {
+        limits.check()?;
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.set_limits.as_str()))
+            .bind(self.queue_str())
+            .bind(limits.max_in_flight.map(i64::from))
+            .bind(limits.rate.map(|r| i64::from(r.starts())))
+            .bind(limits.rate.map(|r| r.per().as_millis() as i64))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let control = control_of(Some(&row))?;
+        queue_core::events::queue_limits_set(&self.inner.config.queue, &limits);
+        self.inner.wake.notify_waiters();
+        Ok(control)
     }
 
     async fn queues(&self) -> queue_core::Result<Vec<QueueName>> {

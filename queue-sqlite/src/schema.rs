@@ -73,11 +73,18 @@ impl fmt::Display for TableName {
 /// The name of the table in which the framework records its own migrations.
 pub const MIGRATIONS_TABLE: &str = "_queue_framework_migrations";
 
-const TABLE_MIGRATIONS: [(i64, &str, &str); 1] = [(
-    20261203000001,
-    "queue jobs",
-    include_str!("../migrations/20261203000001_queue_jobs.sql"),
-)];
+const TABLE_MIGRATIONS: [(i64, &str, &str); 2] = [
+    (
+        20261203000001,
+        "queue jobs",
+        include_str!("../migrations/20261203000001_queue_jobs.sql"),
+    ),
+    (
+        20261205000001,
+        "queue limits",
+        include_str!("../migrations/20261205000001_queue_limits.sql"),
+    ),
+];
 
 /// `text` with `{{table}}` and `{{queue_default}}` filled in for `table`.
 fn render(text: &str, table: &TableName) -> String {
@@ -267,6 +274,22 @@ pub(crate) async fn check(
     }
     if controls == 0 {
         missing.push(format!("the table {table}_queues"));
+    } else {
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+            .bind(format!("{table}_queues"))
+            .fetch_all(pool)
+            .await
+            .map_err(err)?;
+        let absent: Vec<&str> = ["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"]
+            .into_iter()
+            .filter(|name| !names.iter().any(|n| n == name))
+            .collect();
+        if !absent.is_empty() {
+            missing.push(format!(
+                "columns {} of {table}_queues (queue limits, migration 20261205000001)",
+                absent.join(", ")
+            ));
+        }
     }
     if missing.is_empty() {
         Ok(())

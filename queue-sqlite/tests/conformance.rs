@@ -55,6 +55,17 @@ impl Harness for Sqlite {
         .execute(self.queue.pool())
         .await
         .expect("age the rows");
+        // The rate limits' logs of recent claims ([epoch ms, jobs] pairs) age with them.
+        sqlx::query(
+            "UPDATE queue_jobs_queues SET rate_log = (
+                 SELECT json_group_array(json_array(json_extract(e.value, '$[0]') - ?1 * 1000,
+                                                    json_extract(e.value, '$[1]')))
+                 FROM json_each(queue_jobs_queues.rate_log) AS e)",
+        )
+        .bind(by.as_secs_f64())
+        .execute(self.queue.pool())
+        .await
+        .expect("age the rate logs");
     }
 
     async fn insert_legacy_in_flight(&self, payload: Value) -> JobId {

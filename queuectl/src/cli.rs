@@ -148,6 +148,16 @@ pub enum QueueCommand {
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         timeout: Duration,
     },
+    /// Set the queue's limits, for every worker of every process: at most so many jobs in
+    /// flight, at most so many starts per window. What is not given is removed.
+    Limit {
+        /// At most this many of the queue's jobs in flight at once.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_in_flight: Option<u32>,
+        /// At most this many starts per window: STARTS/WINDOW, such as 100/1m or 5/1s.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<queue_core::RateLimit>,
+    },
 }
 
 /// `jobs …`.
@@ -305,6 +315,17 @@ fn parse_table(value: &str) -> Result<TableName, String> {
 
 fn parse_queue(value: &str) -> Result<QueueName, String> {
     QueueName::new(value).map_err(|err| err.to_string())
+}
+
+fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
+    let (starts, per) = value
+        .split_once('/')
+        .ok_or_else(|| "expected STARTS/WINDOW, such as 100/1m".to_owned())?;
+    let starts: u32 = starts
+        .trim()
+        .parse()
+        .map_err(|err| format!("starts {starts:?}: {err}"))?;
+    queue_core::RateLimit::new(starts, parse_duration(per.trim())?).map_err(|err| err.to_string())
 }
 
 fn parse_duration(value: &str) -> Result<Duration, String> {

@@ -442,6 +442,25 @@ async fn queue_command(
             )?;
             Ok(Exit::Done)
         }
+        QueueCommand::Limit {
+            max_in_flight,
+            rate,
+        } => {
+            let limits = queue_core::QueueLimits {
+                max_in_flight: *max_in_flight,
+                rate: *rate,
+            };
+            let control = queue.set_limits(limits).await?;
+            out.done(
+                &format!(
+                    "queue {}: {}",
+                    cli.queue,
+                    output::limits_text(&control.limits)
+                ),
+                &output::control_json(&cli.queue, &control),
+            )?;
+            Ok(Exit::Done)
+        }
         QueueCommand::Drain { timeout } => {
             let bar = spinner("waiting for running jobs", cli.json);
             let report = drain(&queue, *timeout, Duration::from_millis(500)).await?;

@@ -82,7 +82,28 @@ fn instant(at: Option<DateTime<Utc>>) -> String {
 }
 
 pub(crate) fn control_json(queue: &QueueName, control: &QueueControl) -> Value {
-    json!({ "queue": queue.as_str(), "paused": control.is_paused(), "paused_at": control.paused_at })
+    json!({
+        "queue": queue.as_str(),
+        "paused": control.is_paused(),
+        "paused_at": control.paused_at,
+        "limits": limits_json(&control.limits),
+    })
+}
+
+/// A queue's limits as JSON: `max_in_flight`, and `rate` as `{starts, per_ms}` (null: none).
+pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
+    json!({
+        "max_in_flight": limits.max_in_flight,
+        "rate": limits.rate.map(|rate| json!({
+            "starts": rate.starts(),
+            "per_ms": rate.per().as_millis() as u64,
+        })),
+    })
+}
+
+/// A queue's limits in words: `at most 8 in flight, 100 starts per 60s`, or `no limits`.
+pub(crate) fn limits_text(limits: &queue_core::QueueLimits) -> String {
+    limits.to_string()
 }
 
 /// `status`: one row per queue of the table (and the queue asked for, even when idle).
@@ -105,6 +126,8 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
         "failed 1h",
         "dead 1h",
         "cancelled 1h",
+        "stale",
+        "limits",
     ]);
     let mut documents = Vec::new();
     for name in names {
@@ -146,6 +169,11 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
                 Some(at) => format!("{} (last {})", control.stale_fences, at.format("%H:%M:%S")),
                 None => "0".to_owned(),
             },
+            if control.limits.is_none() {
+                "-".to_owned()
+            } else {
+                limits_text(&control.limits)
+            },
         ]);
         documents.push(json!({
             "queue": name.as_str(),
@@ -160,6 +188,7 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             "lag_seconds": stats.oldest_due_wait.map(|d| d.as_secs_f64()),
             "stale_fences": control.stale_fences,
             "last_stale_at": control.last_stale_at,
+            "limits": limits_json(&control.limits),
             "finished_last_hour": {
                 "completed": finished.completed,
                 "failed": finished.failed,

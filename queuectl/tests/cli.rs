@@ -288,6 +288,53 @@ async fn purge_pause_resume_and_drain() {
     db.drop_db().await;
 }
 
+/// Limits set by queuectl hold for a worker's handle in another process at once, show in
+/// `status`, and go when set without values; bad values change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_limit_sets_shows_and_clears_the_limits() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    for n in 0..6 {
+        queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
+    }
+    let set = json_of(
+        &db,
+        &["queue", "limit", "--max-in-flight", "2", "--rate", "5/1m"],
+        0,
+    );
+    assert_eq!(set["limits"]["max_in_flight"], 2);
+    assert_eq!(set["limits"]["rate"]["starts"], 5);
+    assert_eq!(set["limits"]["rate"]["per_ms"], 60_000);
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(status["queues"][0]["limits"], set["limits"]);
+    let claimed = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert_eq!(claimed.len(), 2, "at most 2 in flight");
+
+    json_of(&db, &["queue", "limit", "--max-in-flight", "0"], 2);
+    json_of(&db, &["queue", "limit", "--rate", "0/1m"], 2);
+    json_of(&db, &["queue", "limit", "--rate", "5"], 2);
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(
+        status["queues"][0]["limits"], set["limits"],
+        "refusals changed nothing"
+    );
+
+    let cleared = json_of(&db, &["queue", "limit"], 0);
+    assert_eq!(cleared["limits"]["max_in_flight"], Value::Null);
+    assert_eq!(cleared["limits"]["rate"], Value::Null);
+    let rest = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert_eq!(rest.len(), 4, "no limits: the rest");
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_legacy_upgrades_a_legacy_table_once_confirmed() {
     let db = ScratchDb::empty().await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use queue_core::{
-    Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+    Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
 };
 use queue_postgres::PgQueue;
 use queue_postgres::testing::ScratchDb;
@@ -267,11 +267,23 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     let queue = db.queue().await;
     let dead = seed(&queue).await;
     seed_mail(&db).await;
+    let mail_limits = queue_core::QueueLimits {
+        max_in_flight: Some(4),
+        rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+    };
+    Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap())
+        .set_limits(mail_limits)
+        .await
+        .unwrap();
     let (_server, base) = serve(&db, &["--allow-actions", "--show-payloads"]).await;
     let (_driver, client, profile) = browser().await;
 
-    // The overview's counts are the database's.
+    // The overview's counts are the database's, and the limits in force are shown.
     client.goto(&format!("{base}/")).await.unwrap();
+    assert_eq!(
+        text(&client, "section[data-queue='mail'] p[data-limits]").await,
+        "Limits: at most 4 in flight, 100 starts per 60s"
+    );
     let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
     let card = "section[data-queue='default']";
     for (count, expected) in [

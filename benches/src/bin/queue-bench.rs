@@ -234,6 +234,31 @@ struct Options {
     /// The lease in the I/O-bound mode, in milliseconds (a heartbeat every third of it).
     #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u64).range(300..=600_000))]
     lease_ms: u64,
+    /// Limit the queue to this many jobs in flight (`QueueLimits::max_in_flight`) for the
+    /// throughput phase.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    limit_in_flight: Option<u32>,
+    /// Limit the queue's starts: STARTS/MILLISECONDS (`QueueLimits::rate`), such as 1000000/1000.
+    #[arg(long, value_parser = parse_rate)]
+    limit_rate: Option<queue_core::RateLimit>,
+}
+
+fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
+    let (starts, ms) = value
+        .split_once('/')
+        .ok_or_else(|| "expected STARTS/MILLISECONDS".to_owned())?;
+    let starts = starts.parse().map_err(|e| format!("{e}"))?;
+    let ms = ms.parse().map_err(|e| format!("{e}"))?;
+    queue_core::RateLimit::new(starts, Duration::from_millis(ms)).map_err(|e| e.to_string())
+}
+
+impl Options {
+    fn limits(&self) -> queue_core::QueueLimits {
+        queue_core::QueueLimits {
+            max_in_flight: self.limit_in_flight,
+            rate: self.limit_rate,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -288,11 +313,14 @@ struct Drained {
 }
 
 /// Enqueue, then drain.
-async fn throughput_run<B: Backend>(
+async fn throughput_run<B: queue_core::Admin>(
     o: &Options,
     queue: B,
     hooks: Hooks<B::Tx, serde_json::Value>,
 ) -> Drained {
+    if !o.limits().is_none() {
+        queue.set_limits(o.limits()).await.expect("limits");
+    }
     let start = Instant::now();
     let mut ids = Vec::with_capacity(o.jobs);
     for chunk in (0..o.jobs).collect::<Vec<_>>().chunks(1000) {
@@ -525,6 +553,9 @@ async fn main() {
             " hooks=true batched={}",
             !o.one_transaction_per_job
         ));
+    }
+    if !o.limits().is_none() {
+        io.push_str(&format!(" limits=\"{}\"", o.limits()));
     }
     println!(
         "bench: backend={} jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={} cpu_us_per_job={:.2} fused={}{io}",

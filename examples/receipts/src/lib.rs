@@ -2,6 +2,7 @@
 //! one through a queue in a table of its own, `receipt_jobs`.
 
 pub mod hooks;
+pub mod limits;
 pub mod orders;
 pub mod receipt;
 pub mod schedule;

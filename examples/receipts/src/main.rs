@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use queue_core::{BoxError, QueueName, Worker, WorkerConfig};
 use queue_postgres::{PgQueue, PgQueueConfig, TableName};
-use receipts::{hooks, orders, receipt, schedule};
+use receipts::{hooks, limits, orders, receipt, schedule};
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -22,6 +22,8 @@ async fn main() -> Result<(), BoxError> {
     let config = PgQueueConfig::new(table, QueueName::new("receipts")?);
     // Checks the table's schema first: refuses a table without the lease columns and indexes.
     let queue = PgQueue::connect(pool.clone(), config).await?;
+    // What the mail server takes, for every worker of every process.
+    limits::apply(&queue).await?;
 
     let worker_config = WorkerConfig {
         concurrency: 8,

@@ -120,6 +120,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
             "../migrations/20260301000004_receipt_jobs_holder_errors_and_queue_controls.sql"
         ),
         include_str!("../migrations/20260301000005_receipt_jobs_claim_token.sql"),
+        include_str!("../migrations/20260301000006_receipt_jobs_queue_limits.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();
@@ -204,8 +205,8 @@ async fn the_daily_canary_is_enqueued_at_seven_in_berlin() -> Result<(), BoxErro
 }
 
 #[tokio::test]
-async fn a_resend_waits_once_takes_the_newest_address_and_sends_again_later()
--> Result<(), BoxError> {
+async fn a_resend_waits_once_takes_the_newest_address_and_sends_again_later() -> Result<(), BoxError>
+{
     let queue = MemoryBackend::new();
     let first = crate::orders::resend_receipt(&queue, 7, "ada@example.com").await?;
     let again = crate::orders::resend_receipt(&queue, 7, "ada@new.example").await?;
@@ -218,11 +219,34 @@ async fn a_resend_waits_once_takes_the_newest_address_and_sends_again_later()
     assert_eq!(claimed.len(), 1, "one resend, however often pressed");
     assert_eq!(claimed[0].payload["email"], "ada@new.example");
     let running = crate::orders::resend_receipt(&queue, 7, "ada@third.example").await?;
-    assert!(running.duplicate && !running.replaced, "the running one keeps its address");
-    queue
+    assert!(
+        running.duplicate && !running.replaced,
+        "the running one keeps its address"
+    );
+    let sent = queue
         .finalize(claimed[0].claim(), &Finalize::Complete)
         .await?;
+    assert!(sent.is_applied());
     let later = crate::orders::resend_receipt(&queue, 7, "ada@new.example").await?;
     assert!(!later.duplicate, "sent: the next press sends again");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_mail_servers_limits_hold_for_every_worker() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    for n in 0..30 {
+        queue.enqueue(receipt(n, "ada@example.com")?).await?;
+    }
+    let control = crate::limits::apply(&queue).await?;
+    assert_eq!(control.limits.max_in_flight, Some(10));
+    let request = || ClaimRequest::new(25, Lease::DEFAULT);
+    let (one, other) = (queue.clone(), queue.clone());
+    let (a, b) = tokio::join!(one.claim(request()), other.claim(request()));
+    assert_eq!(
+        a?.jobs.len() + b?.jobs.len(),
+        10,
+        "10 at once, however many claim"
+    );
     Ok(())
 }

@@ -13,7 +13,7 @@
 //! extending this suite, not adding a backend-only test.
 //!
 //! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`],
-//! [`admin`], [`scheduling`], [`unique`]); each is
+//! [`admin`], [`scheduling`], [`unique`], [`limits`]); each is
 //! declared once, inside its topic's `cases!` block, which both defines it and registers it
 //! with [`conformance_suite!`](crate::conformance_suite).
 
@@ -62,6 +62,7 @@ pub mod enqueue;
 pub mod fence;
 pub mod hooks;
 pub mod lease;
+pub mod limits;
 pub mod scheduling;
 pub mod unique;
 pub mod worker;
@@ -71,6 +72,7 @@ pub use enqueue::*;
 pub use fence::*;
 pub use hooks::*;
 pub use lease::*;
+pub use limits::*;
 pub use scheduling::*;
 pub use unique::*;
 pub use worker::*;
@@ -87,6 +89,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_admin!($harness);
         $crate::__conformance_scheduling!($harness);
         $crate::__conformance_unique!($harness);
+        $crate::__conformance_limits!($harness);
     };
 }
 

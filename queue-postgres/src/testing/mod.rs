@@ -242,4 +242,15 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .execute(pool)
     .await
     .expect("age the table's rows");
+    // The rate limits' logs of recent claims, [epoch milliseconds, jobs] pairs, age with them.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET rate_log = COALESCE((
+             SELECT jsonb_agg(jsonb_build_array((e ->> 0)::float8 - $1 * 1000, e -> 1))
+             FROM jsonb_array_elements(rate_log) AS e), '[]')",
+        table.controls_quoted()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the queues' rate logs");
 }

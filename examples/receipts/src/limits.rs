@@ -1,0 +1,21 @@
+//! What the mail server takes: the receipt queue's limits, for every worker of every process.
+
+use std::time::Duration;
+
+use queue_core::{Admin, Error, QueueControl, QueueLimits, RateLimit};
+
+/// The mail server accepts 10 connections at once and 600 mails a minute per client: more and
+/// it answers with rate-limit errors, so no worker process may exceed them, however many run.
+pub fn mail_server() -> Result<QueueLimits, Error> {
+    Ok(QueueLimits {
+        max_in_flight: Some(10),
+        rate: Some(RateLimit::new(600, Duration::from_secs(60))?),
+    })
+}
+
+/// Stores the limits with the queue at start-up. They are the queue's, not the process's: the
+/// last process (or operator, `queuectl queue limit`) to set them wins, and every worker obeys
+/// them from its next claim.
+pub async fn apply<B: Admin>(queue: &B) -> Result<QueueControl, Error> {
+    queue.set_limits(mail_server()?).await
+}

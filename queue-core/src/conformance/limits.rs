@@ -1,0 +1,179 @@
+//! Queue limits: at most so many jobs in flight, at most so many starts per window, enforced in
+//! the claim for every claimer at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Harness, claim, lease};
+use crate::admin::{Admin, QueueLimits, RateLimit};
+use crate::backend::Backend;
+use crate::error::{ConfigError, Error};
+use crate::types::{ClaimRequest, Finalize, NewJob};
+
+fn max_in_flight(n: u32) -> QueueLimits {
+    QueueLimits {
+        max_in_flight: Some(n),
+        rate: None,
+    }
+}
+
+fn rate(starts: u32, per: Duration) -> QueueLimits {
+    QueueLimits {
+        max_in_flight: None,
+        rate: Some(RateLimit::new(starts, per).unwrap()),
+    }
+}
+
+async fn enqueue_n<B: Backend>(b: &B, n: usize) {
+    let jobs = (0..n)
+        .map(|i| NewJob::from_value(json!({ "n": i })))
+        .collect();
+    b.enqueue_many(jobs).await.unwrap();
+}
+
+cases! {
+    $ __conformance_limits;
+
+    /// Limits are stored with the queue, shown by `control`, and removed with
+    /// `QueueLimits::NONE`; a limit of 0 in flight is refused (that is a pause).
+    pub async fn limits_are_stored_and_shown<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        assert_eq!(b.control().await.unwrap().limits, QueueLimits::NONE);
+        let both = QueueLimits {
+            max_in_flight: Some(8),
+            rate: Some(RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+        };
+        assert_eq!(b.set_limits(both).await.unwrap().limits, both);
+        assert_eq!(b.control().await.unwrap().limits, both);
+        let other = h.other_queue(crate::types::QueueName::new("other").unwrap());
+        assert_eq!(other.control().await.unwrap().limits, QueueLimits::NONE, "per queue");
+        match b.set_limits(max_in_flight(0)).await {
+            Err(Error::Config(ConfigError::OutOfRange { name, .. })) => {
+                assert_eq!(name, "max_in_flight");
+            }
+            other => panic!("a limit of 0 must be refused, got {other:?}"),
+        }
+        assert_eq!(b.control().await.unwrap().limits, both, "the refusal changed nothing");
+        assert!(b.set_limits(QueueLimits::NONE).await.unwrap().limits.is_none());
+        assert!(RateLimit::new(0, Duration::from_secs(1)).is_err());
+        assert!(RateLimit::new(1, Duration::ZERO).is_err());
+    }
+
+    /// A claim takes no more than the queue's room in flight; a finished job frees its slot,
+    /// and a job whose lease expired no longer holds one (its takeover does).
+    pub async fn a_claim_takes_no_more_than_the_room_in_flight<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_n(b, 10).await;
+        b.set_limits(max_in_flight(3)).await.unwrap();
+        let first = claim(b, 10).await.jobs;
+        assert_eq!(first.len(), 3);
+        assert!(claim(b, 10).await.jobs.is_empty(), "the queue is full");
+        assert!(b.finalize(first[0].claim(), &Finalize::Complete).await.unwrap().is_applied());
+        assert_eq!(claim(b, 10).await.jobs.len(), 1, "one slot freed");
+
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        let after = claim(b, 10).await.jobs;
+        assert_eq!(after.len(), 3, "expired leases hold no slot");
+        assert!(after.iter().any(|job| job.taken_over));
+        assert_eq!(b.counts().await.unwrap().in_flight, 3);
+
+        b.set_limits(QueueLimits::NONE).await.unwrap();
+        assert_eq!(claim(b, 10).await.jobs.len(), 6, "no limit: the rest");
+    }
+
+    /// Eight claimers at once, each finishing what it claimed: the queue never has more jobs
+    /// in flight than its limit, sampled from the store all along, and every job runs.
+    pub async fn concurrent_claimers_never_exceed_max_in_flight<H: Harness>(h: Arc<H>) {
+        let b = h.backend().clone();
+        enqueue_n(&b, 120).await;
+        b.set_limits(max_in_flight(5)).await.unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = Arc::new(AtomicU64::new(0));
+        let sampler = {
+            let (b, done) = (b.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut most = 0;
+                while !done.load(Ordering::SeqCst) {
+                    let in_flight = b.counts().await.unwrap().in_flight;
+                    assert!(in_flight <= 5, "{in_flight} in flight, over the limit of 5");
+                    most = most.max(in_flight);
+                    tokio::task::yield_now().await;
+                }
+                most
+            })
+        };
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (b, finished) = (b.clone(), finished.clone());
+            claimers.spawn(async move {
+                let mut idle = 0;
+                while finished.load(Ordering::SeqCst) < 120 && idle < 10_000 {
+                    let jobs = claim(&b, 3).await.jobs;
+                    if jobs.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    tokio::task::yield_now().await;
+                    for job in jobs {
+                        let applied = b.finalize(job.claim(), &Finalize::Complete).await.unwrap();
+                        assert!(applied.is_applied());
+                        finished.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        claimers.join_all().await;
+        done.store(true, Ordering::SeqCst);
+        let most = sampler.await.unwrap();
+        assert_eq!(finished.load(Ordering::SeqCst), 120, "every job ran");
+        assert!(most >= 1, "the sampler saw jobs in flight");
+        assert_eq!(b.counts().await.unwrap().completed, 120);
+    }
+
+    /// A rate limit allows so many claims per window, by the store's clock: the window slides,
+    /// so starts it has let through count until they are older than the window.
+    pub async fn the_rate_limit_allows_so_many_starts_per_window<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_n(b, 20).await;
+        b.set_limits(rate(4, Duration::from_secs(60))).await.unwrap();
+        let first = claim(b, 3).await.jobs;
+        assert_eq!(first.len(), 3);
+        h.advance_clock(Duration::from_secs(30)).await;
+        assert_eq!(claim(b, 10).await.jobs.len(), 1, "4 per minute, 3 used");
+        assert!(claim(b, 10).await.jobs.is_empty());
+        h.advance_clock(Duration::from_secs(31)).await;
+        assert_eq!(claim(b, 10).await.jobs.len(), 3, "the first 3 left the window");
+        h.advance_clock(Duration::from_secs(30)).await;
+        assert_eq!(claim(b, 10).await.jobs.len(), 1);
+    }
+
+    /// Sixteen claimers at once against a rate limit: exactly the limit's starts, no more.
+    pub async fn concurrent_claimers_never_exceed_the_rate<H: Harness>(h: Arc<H>) {
+        let b = h.backend().clone();
+        enqueue_n(&b, 100).await;
+        b.set_limits(rate(10, Duration::from_secs(3600))).await.unwrap();
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let b = b.clone();
+            claimers.spawn(async move {
+                let mut got = 0;
+                for _ in 0..4 {
+                    got += b
+                        .claim(ClaimRequest::new(2, lease()))
+                        .await
+                        .unwrap()
+                        .jobs
+                        .len();
+                }
+                got
+            });
+        }
+        let claimed: usize = claimers.join_all().await.into_iter().sum();
+        assert_eq!(claimed, 10, "an hour's starts, and no more");
+        assert_eq!(b.counts().await.unwrap().in_flight, 10);
+    }
+}

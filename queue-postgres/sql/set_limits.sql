@@ -1,0 +1,13 @@
+-- Sets a queue's limits (queue_core::QueueLimits; all NULL: none). The rate's log of recent
+-- claims is kept, so a new rate counts the claims already made within its window.
+--
+-- Parameters: $1 queue; $2 max_in_flight (int4, NULL: none); $3 rate_starts (int4); $4
+-- rate_per_ms (int8; both NULL: no rate). Returns the controls after the change.
+INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (queue) DO UPDATE
+SET max_in_flight = EXCLUDED.max_in_flight,
+    rate_starts = EXCLUDED.rate_starts,
+    rate_per_ms = EXCLUDED.rate_per_ms,
+    updated_at = now()
+RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms
