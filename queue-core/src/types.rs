@@ -372,10 +372,11 @@ impl NewJob {
 
     /// Lets a holder of the unique key keep it only while in one of `statuses` (see
     /// [`UniqueScope::held_while`]); [`UniqueScope::UNFINISHED`] makes the key free again once
-    /// its job has finished. Sorted and deduplicated; an empty list is refused at enqueue.
+    /// its job has finished. Kept in the order of [`JobStatus::ALL`], without repeats; an empty
+    /// list is refused at enqueue.
     pub fn unique_while(mut self, statuses: &[JobStatus]) -> Self {
         let mut statuses = statuses.to_vec();
-        statuses.sort_by_key(|s| s.as_str());
+        statuses.sort_by_key(|s| JobStatus::ALL.iter().position(|all| all == s));
         statuses.dedup();
         self.unique.held_while = Some(statuses);
         self

@@ -166,6 +166,17 @@ pub(crate) fn is_constraint(err: &sqlx::Error) -> bool {
     primary_code(err) == Some(code::CONSTRAINT)
 }
 
+/// Whether `err` is SQLite refusing to add a column that exists (its generic error code; the
+/// message tells it apart): another process's migration added it first.
+pub(crate) fn is_duplicate_column(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            primary_code(err) == Some(1) && db.message().starts_with("duplicate column name")
+        }
+        _ => false,
+    }
+}
+
 fn primary_code(err: &sqlx::Error) -> Option<i64> {
     match err {
         sqlx::Error::Database(db) => db

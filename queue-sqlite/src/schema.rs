@@ -151,9 +151,11 @@ pub async fn run_migrator(migrator: &Migrator, pool: &SqlitePool) -> Result<(), 
         attempt += 1;
         match migrator.run(pool).await {
             Ok(()) => return Ok(()),
-            Err(MigrateError::Execute(err))
+            Err(MigrateError::Execute(err) | MigrateError::ExecuteMigration(err, _))
                 if attempt < ATTEMPTS
-                    && (crate::error::is_busy(&err) || crate::error::is_constraint(&err)) =>
+                    && (crate::error::is_busy(&err)
+                        || crate::error::is_constraint(&err)
+                        || crate::error::is_duplicate_column(&err)) =>
             {
                 // A short, growing, jittered pause, so that the losers do not collide again.
                 let pause = 10 * u64::from(attempt) + fastrand::u64(0..20);
