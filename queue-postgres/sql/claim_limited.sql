@@ -1,20 +1,34 @@
 -- The claim: recovery folded in, by the database's clock only.
--- This form claims from a queue with limits, after lock_queue.sql in the same transaction (its
--- first line is claim.sql's, so that a drain finds it running).
+-- This form claims from a queue with limits (its first line is claim.sql's, so that a drain
+-- finds it running).
 --
 -- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for).
 --
 -- Guarantees: claim.sql's, and the queue's limits (queue_core::QueueLimits): at most
 -- max_in_flight of the queue's jobs hold a live lease (lease_expires_at not passed, stored by
 -- the current claim) once it commits, and at most rate_starts jobs were claimed within any
--- window of rate_per_ms milliseconds. Both counts are read under the queue row's lock, by a
--- statement whose snapshot is younger than the lock, so claims that take turns never count
--- past each other. rate_log holds the recent claims of the queue as [epoch milliseconds, jobs]
--- pairs; this claim drops the ones older than the window and appends its own. The live count
--- reads the in-flight rows of the queue (the lease index), at most max_in_flight of which can
--- be live.
-WITH quota AS MATERIALIZED (
-    SELECT GREATEST(0, LEAST(
+-- window of rate_per_ms milliseconds. Claims of the queue take turns on its row (control: FOR
+-- UPDATE, which returns the row as the last claim to hold it committed it). Every claim that
+-- takes a job counts itself in the row's claims; when that count differs from the one this
+-- statement's snapshot holds (seen), a claim committed after the snapshot was taken, so the
+-- snapshot's counts are stale: the statement claims nothing and returns one row whose id is
+-- NULL (try again; inside a transaction that took the lock first, lock_queue.sql, it never
+-- is). rate_log holds the recent claims as [epoch milliseconds, jobs] pairs; a claim drops the
+-- ones older than the window and appends its own. The live count reads the queue's in-flight
+-- rows (the lease index). Finalizes the snapshot does not see only make the count higher.
+WITH control AS MATERIALIZED (
+    SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims
+    FROM "{{table}}_queues" AS c
+    WHERE c.queue = $1
+    FOR UPDATE
+),
+seen AS MATERIALIZED (
+    SELECT claims FROM "{{table}}_queues" WHERE queue = $1
+),
+quota AS MATERIALIZED (
+    SELECT c.claims IS DISTINCT FROM (SELECT claims FROM seen) AS stale,
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
+           ELSE GREATEST(0, LEAST(
                $2::bigint,
                COALESCE(c.max_in_flight - (
                    SELECT count(*) FROM "{{table}}" AS j
@@ -24,24 +38,31 @@ WITH quota AS MATERIALIZED (
                COALESCE(c.rate_starts - (
                    SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                    FROM jsonb_array_elements(c.rate_log) AS e
-                   WHERE (e ->> 0)::float8 > extract(epoch FROM now())::float8 * 1000 - c.rate_per_ms
-               ), $2::bigint))) AS allowed
-    FROM "{{table}}_queues" AS c
-    WHERE c.queue = $1
+                   WHERE (e ->> 0)::float8
+                         > extract(epoch FROM now())::float8 * 1000 - c.rate_per_ms
+               ), $2::bigint)))
+           END AS allowed
+    FROM control AS c
     UNION ALL
-    SELECT $2::bigint WHERE NOT EXISTS (SELECT 1 FROM "{{table}}_queues" WHERE queue = $1)
+    SELECT false, $2::bigint WHERE NOT EXISTS (SELECT 1 FROM control)
 ),
 {{claim_picks}},
 logged AS (
     UPDATE "{{table}}_queues" AS c
-    SET rate_log = COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
-                             WHERE (e ->> 0)::float8
-                                   > extract(epoch FROM now())::float8 * 1000 - c.rate_per_ms), '[]')
-                   || jsonb_build_array(jsonb_build_array(
-                          round(extract(epoch FROM now())::float8 * 1000), (SELECT count(*) FROM claimed)))
-    WHERE c.queue = $1 AND c.rate_starts IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
+    SET claims = c.claims + 1,
+        rate_log = CASE WHEN c.rate_starts IS NULL THEN '[]'::jsonb ELSE
+            COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
+                      WHERE (e ->> 0)::float8
+                            > extract(epoch FROM now())::float8 * 1000 - c.rate_per_ms), '[]')
+            || jsonb_build_array(jsonb_build_array(
+                   round(extract(epoch FROM now())::float8 * 1000), (SELECT count(*) FROM claimed)))
+        END
+    WHERE c.queue = $1 AND EXISTS (SELECT 1 FROM claimed)
 )
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
        payload, taken_over, over_reclaim_cap, cancel_requested
 FROM claimed
-ORDER BY next_attempt_at, priority, id
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE (SELECT bool_or(stale) FROM quota)
+ORDER BY due_at, priority, id

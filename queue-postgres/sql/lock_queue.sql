@@ -1,6 +1,6 @@
--- Locks a queue's controls row for the rest of the transaction: how claims of a queue with
--- limits take turns (claim_limited.sql runs next, in the same transaction, with a snapshot
--- taken after the lock, so it sees every claim that held the lock before it).
+-- Locks a queue's controls row for the rest of the transaction, before claim_limited.sql in
+-- the same transaction: that statement's snapshot is then younger than the lock and sees every
+-- claim that held it before (the path a claim takes when, alone, it found its snapshot stale).
 --
 -- Parameters: $1 queue. Returns the row's limits (no row: no limits, nothing locked).
 SELECT max_in_flight, rate_starts, rate_per_ms

@@ -46,4 +46,5 @@ ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS max_in_flight integer CHECK (max_in_flight > 0),
     ADD COLUMN IF NOT EXISTS rate_starts   integer CHECK (rate_starts > 0),
     ADD COLUMN IF NOT EXISTS rate_per_ms   bigint  CHECK (rate_per_ms > 0),
-    ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]'
+    ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]',
+    ADD COLUMN IF NOT EXISTS claims        bigint  NOT NULL DEFAULT 0

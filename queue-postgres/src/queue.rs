@@ -267,14 +267,26 @@ impl<D: Driver> PostgresQueue<D> {
         };
     }
 
-    /// A claim of a queue with limits: the queue's row locked, then `claim_limited.sql`, in
-    /// one transaction, so that claims of the queue take turns and each counts the last.
+    /// A claim of a queue with limits: one statement that takes the queue's row lock and
+    /// claims within the limits (`claim_limited.sql`). When another claim of the queue
+    /// committed after the statement's snapshot (it waited for that claim's lock), its counts
+    /// are stale and it claims nothing: then the lock first and the statement after it, in one
+    /// transaction, so that the counts are read after the lock.
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
-        let mut tx = D::begin(&inner.pool).await?;
         let queue = &inner.config.queue;
+        {
+            let mut conn = D::acquire(&inner.pool).await?;
+            let (jobs, stale) =
+                statement::claim_limited::<D>(D::pooled(&mut conn), &inner.sql, queue, request)
+                    .await?;
+            if !stale {
+                return Ok(ClaimBatch { jobs });
+            }
+        }
+        let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-        let jobs =
+        let (jobs, _) =
             statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, request).await?;
         D::commit(tx).await?;
         self.saw_limits(!limits.is_none());

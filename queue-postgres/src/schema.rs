@@ -76,8 +76,13 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 }
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads.
-const CONTROLS_LIMITS_COLUMNS: [&str; 4] =
-    ["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"];
+const CONTROLS_LIMITS_COLUMNS: [&str; 5] = [
+    "max_in_flight",
+    "rate_starts",
+    "rate_per_ms",
+    "rate_log",
+    "claims",
+];
 
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -236,8 +241,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            text.contains("max_in_flight, rate_starts, rate_per_ms, rate_log of queue_jobs_queues")
-                && text.contains("20261205000001"),
+            text.contains(
+                "max_in_flight, rate_starts, rate_per_ms, rate_log, claims of queue_jobs_queues"
+            ) && text.contains("20261205000001"),
             "{text}"
         );
     }

@@ -613,17 +613,28 @@ pub(crate) async fn lock_queue<D: Driver>(
     }
 }
 
-/// `claim_limited.sql`, after [`lock_queue`] in the same transaction.
+/// `claim_limited.sql`: the jobs claimed, and whether the statement found its snapshot stale
+/// (a claim of the queue committed after it was taken) and claimed nothing for that reason.
+/// Never stale after [`lock_queue`] in the same transaction.
 pub(crate) async fn claim_limited<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-) -> Result<Vec<ClaimedJob>, PgError> {
+) -> Result<(Vec<ClaimedJob>, bool), PgError> {
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
     let rows = D::query(conn, &sql.claim_limited, &params).await?;
-    rows.iter().map(claimed_job::<D>).collect()
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut stale = false;
+    for row in &rows {
+        if get::<D, Option<i64>>(row, "id")?.is_none() {
+            stale = true;
+        } else {
+            jobs.push(claimed_job::<D>(row)?);
+        }
+    }
+    Ok((jobs, stale))
 }
 
 /// `record_stale.sql`.
