@@ -165,9 +165,10 @@ pub struct QueueControl {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueLimits {
-    /// At most this many of the queue's jobs in flight at once: claimed, with a lease that has
-    /// not expired. A job whose lease expired no longer counts (its worker is presumed gone),
-    /// and its takeover counts again. At least 1.
+    /// At most this many of the queue's jobs in flight at once, across every worker. A job
+    /// whose lease expired still counts until it ends or is taken over (its holder may yet
+    /// renew the lease); taking it over is free, so a queue full of expired leases still
+    /// moves. At least 1.
     pub max_in_flight: Option<u32>,
     /// At most so many claims of the queue's jobs within any window of the given length.
     pub rate: Option<RateLimit>,
@@ -196,20 +197,34 @@ impl QueueLimits {
         Ok(())
     }
 
-    /// How many jobs a claim may take now, of `batch` asked for: `live` jobs are in flight
-    /// with live leases, and `started` were claimed within the rate's window. The one rule
-    /// every backend applies.
-    pub fn allowed(&self, batch: u32, live: u64, started: u64) -> u32 {
-        let room = |limit: u32, used: u64| u64::from(limit).saturating_sub(used);
-        let mut allowed = u64::from(batch);
-        if let Some(max) = self.max_in_flight {
-            allowed = allowed.min(room(max, live));
-        }
+    /// What a claim may take now, of `batch` asked for, when `in_flight` of the queue's jobs
+    /// are in flight (their leases expired or not: a holder may still renew one that passed)
+    /// and `started` were claimed within the rate's window. The one rule every backend
+    /// applies.
+    pub fn room(&self, batch: u32, in_flight: u64, started: u64) -> ClaimRoom {
+        let left = |limit: u32, used: u64| u64::from(limit).saturating_sub(used);
+        let mut all = u64::from(batch);
         if let Some(rate) = self.rate {
-            allowed = allowed.min(room(rate.starts, started));
+            all = all.min(left(rate.starts, started));
         }
-        allowed as u32
+        let mut new = all;
+        if let Some(max) = self.max_in_flight {
+            new = new.min(left(max, in_flight));
+        }
+        ClaimRoom {
+            all: all as u32,
+            new: new as u32,
+        }
     }
+}
+
+/// What a claim of a limited queue may take ([`QueueLimits::room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRoom {
+    /// Jobs in all: new ones and takeovers of expired leases (a takeover counts as a start).
+    pub all: u32,
+    /// Pending jobs among them: a takeover adds no job in flight, a pending job does.
+    pub new: u32,
 }
 
 /// `at most 8 in flight, 100 starts per 60s`, or `no limits`.

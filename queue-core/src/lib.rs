@@ -81,8 +81,8 @@ mod runtime_tests;
 pub mod conformance;
 
 pub use admin::{
-    Admin, DrainReport, JobFilter, JobPage, MAX_PAGE, MinuteCounts, PurgeRequest, QueueControl,
-    QueueLimits, RETRYABLE, RateLimit, RetryTarget, drain, purge, retry_with_hooks,
+    Admin, ClaimRoom, DrainReport, JobFilter, JobPage, MAX_PAGE, MinuteCounts, PurgeRequest,
+    QueueControl, QueueLimits, RETRYABLE, RateLimit, RetryTarget, drain, purge, retry_with_hooks,
 };
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};

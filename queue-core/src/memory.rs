@@ -79,17 +79,15 @@ impl State {
         }
     }
 
-    /// How many jobs a claim of `batch` may take from `queue` now, by its limits.
-    fn allowed(&mut self, queue: &str, batch: u32, now: DateTime<Utc>) -> u32 {
+    /// What a claim of `batch` may take from `queue` now, by its limits.
+    fn room(&mut self, queue: &str, batch: u32, now: DateTime<Utc>) -> crate::admin::ClaimRoom {
         let Some(limits) = self.limits.get(queue).copied() else {
-            return batch;
+            return crate::admin::ClaimRoom {
+                all: batch,
+                new: batch,
+            };
         };
-        let live = self.in_flight.get(queue).map_or(0, |ids| {
-            ids.iter()
-                .filter_map(|id| self.jobs.get(id))
-                .filter(|job| job.lease_expires_at.is_some_and(|at| at >= now))
-                .count() as u64
-        });
+        let in_flight = self.in_flight.get(queue).map_or(0, |ids| ids.len() as u64);
         let started = match limits.rate {
             Some(rate) => {
                 let since = now - chrono::Duration::from_std(rate.per()).unwrap_or_default();
@@ -99,7 +97,7 @@ impl State {
             }
             None => 0,
         };
-        limits.allowed(batch, live, started)
+        limits.room(batch, in_flight, started)
     }
 }
 
@@ -598,7 +596,8 @@ impl Backend for MemoryBackend {
         if state.paused.contains_key(queue) {
             return Ok(ClaimBatch::default());
         }
-        let limit = state.allowed(queue, request.batch_size, now) as usize;
+        let room = state.room(queue, request.batch_size, now);
+        let (limit, new_limit) = (room.all as usize, room.new as usize);
         if limit == 0 {
             return Ok(ClaimBatch::default());
         }
@@ -610,7 +609,7 @@ impl Backend for MemoryBackend {
             .map(|set| {
                 set.iter()
                     .take_while(|(at, _, _)| *at <= now)
-                    .take(limit)
+                    .take(new_limit)
                     .copied()
                     .collect()
             })

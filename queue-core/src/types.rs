@@ -311,7 +311,9 @@ pub struct UniqueScope {
     pub held_for: Option<Duration>,
     /// A duplicate whose holder is pending (and in scope) replaces the holder's payload,
     /// priority and due time with its own instead of being dropped: a debounce. A holder that a
-    /// worker has claimed already is left as it is, and the enqueue reports a plain duplicate.
+    /// worker has claimed already is left as it is, and the enqueue reports a plain duplicate
+    /// (`Enqueued::replaced` false), as it may on PostgreSQL when the holder itself was
+    /// inserted by a concurrent enqueue while this one ran: enqueue again to apply it.
     pub replace: bool,
 }
 

@@ -1,5 +1,6 @@
--- Sets a queue's limits (queue_core::QueueLimits; all NULL: none). The rate's log of recent
--- claims is kept, so a new rate counts the claims already made within its window.
+-- Sets a queue's limits (queue_core::QueueLimits; all NULL: none). The log of recent limited
+-- claims is kept: a new rate counts those of them within its window (claims made while the
+-- queue had no rate are not in it).
 --
 -- Parameters: $1 queue; $2 max_in_flight (int4, NULL: none); $3 rate_starts (int4); $4
 -- rate_per_ms (int8; both NULL: no rate). Returns the controls after the change.

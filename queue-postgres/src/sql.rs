@@ -225,27 +225,51 @@ pub(crate) fn for_table_with(
 
 /// What keeps `claim.sql` (and `finalize_claim.sql`) from a queue besides a pause: limits,
 /// which only `claim_limited.sql` applies.
-const LIMITED_GUARD: &str = "OR c.max_in_flight IS NOT NULL OR c.rate_starts IS NOT NULL";
+/// (A rate is a number of starts and a window: both, or it is not one.)
+const LIMITED_GUARD: &str =
+    "OR c.max_in_flight IS NOT NULL OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)";
 
-/// `claim_picks.sql` for `table`, taking `batch` jobs, kept from a queue by `guard` as well as
-/// by a pause.
-fn claim_picks(table: &TableName, batch: &str, guard: &str) -> Result<String, PgError> {
+/// The claims' picks: `claim_picks.sql` for `table`, picking `due_batch` pending jobs and
+/// taking `batch` of all it picked, kept from a queue by `guard` as well as by a pause.
+struct Picks<'a> {
+    due_batch: &'a str,
+    batch: &'a str,
+    guard: &'a str,
+}
+
+/// The picks of `claim.sql` and `finalize_claim.sql`: `$2` of each, and no limited queue.
+const PLAIN_PICKS: Picks<'static> = Picks {
+    due_batch: "$2",
+    batch: "$2",
+    guard: LIMITED_GUARD,
+};
+
+fn claim_picks(table: &TableName, picks: &Picks<'_>) -> Result<String, PgError> {
     for_table_with(
         CLAIM_PICKS,
         table,
-        &[("batch", batch), ("limited_guard", guard)],
+        &[
+            ("due_batch", picks.due_batch),
+            ("batch", picks.batch),
+            ("limited_guard", picks.guard),
+        ],
     )
 }
 
 /// `claim.sql` for `table`, with `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let picks = claim_picks(table, "$2", LIMITED_GUARD)?;
+    let picks = claim_picks(table, &PLAIN_PICKS)?;
     for_table_with(CLAIM, table, &[("claim_picks", &picks)])
 }
 
-/// `claim_limited.sql` for `table`: `claim_picks.sql` taking the quota, on limited queues too.
+/// `claim_limited.sql` for `table`: `claim_picks.sql` within the quota, on limited queues too.
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
-    let picks = claim_picks(table, "(SELECT allowed FROM quota)", "")?;
+    let quota = Picks {
+        due_batch: "(SELECT new_jobs FROM quota)",
+        batch: "(SELECT all_jobs FROM quota)",
+        guard: "",
+    };
+    let picks = claim_picks(table, &quota)?;
     for_table_with(CLAIM_LIMITED, table, &[("claim_picks", &picks)])
 }
 
@@ -256,7 +280,7 @@ pub(crate) const FINALIZE_PARAMS: usize = 10;
 /// parameters numbered after finalize's.
 pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
     let finalize = for_table(FINALIZE, table)?;
-    let picks = shift_params(&claim_picks(table, "$2", LIMITED_GUARD)?, FINALIZE_PARAMS);
+    let picks = shift_params(&claim_picks(table, &PLAIN_PICKS)?, FINALIZE_PARAMS);
     for_table_with(
         FINALIZE_CLAIM,
         table,
@@ -483,7 +507,7 @@ mod tests {
         let table = TableName::default();
         let fused = squash(&finalize_claim(&table).unwrap());
         assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
-        let picks = squash(&claim_picks(&table, "$2", LIMITED_GUARD).unwrap());
+        let picks = squash(&claim_picks(&table, &PLAIN_PICKS).unwrap());
         assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
         assert!(fused.contains("queue = $11 AND status = 'pending'"));
         assert!(fused.contains("AND id <> ALL($17::bigint[])"));

@@ -14,9 +14,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use queue_core::{
     Backend, BackendTx, CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration,
-    ClaimRequest, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize, FinalizeOutcome,
-    FinishedCounts, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus, Lease,
-    MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits, QueueName,
+    ClaimRequest, ClaimRoom, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize,
+    FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus,
+    Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits, QueueName,
     QueueStats, RateLimit, RetryTarget, RunAt,
 };
 use serde_json::Value;
@@ -295,7 +295,7 @@ impl Sql {
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
                            WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
-                           ORDER BY next_attempt_at, priority, id LIMIT ?2)
+                           ORDER BY next_attempt_at, priority, id LIMIT ?3)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
@@ -422,12 +422,13 @@ impl Sql {
             quota: format!(
                 "SELECT max_in_flight, rate_starts, rate_per_ms,
                         (SELECT count(*) FROM {t} INDEXED BY \"{table}_expiry_idx\"
-                         WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at >= {now}) AS live,
+                         WHERE queue = ?1 AND status = 'in_flight') AS in_flight,
                         (SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
                          FROM json_each(c.rate_log) AS e
                          WHERE json_extract(e.value, '$[0]') > {now} * 1000 - c.rate_per_ms) AS started
                  FROM {q} AS c
-                 WHERE queue = ?1 AND (max_in_flight IS NOT NULL OR rate_starts IS NOT NULL)"
+                 WHERE queue = ?1
+                   AND (max_in_flight IS NOT NULL OR (rate_starts IS NOT NULL AND rate_per_ms IS NOT NULL))"
             ),
             // A rate-limited queue's claim of ?2 jobs: the log keeps the window's claims and
             // this one.
@@ -729,7 +730,7 @@ impl BackendTx for SqliteTx {
 }
 
 /// The claim's pick rendered for `table`, for tests that read its plan (`EXPLAIN QUERY PLAN`):
-/// `?1` queue, `?2` batch size.
+/// `?1` queue, `?2` batch size, `?3` how many pending jobs among them.
 #[doc(hidden)]
 pub fn pick_sql(table: &TableName) -> String {
     Sql::new(table).pick
@@ -903,28 +904,31 @@ impl SqliteQueue {
             .fetch_optional(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
-        let (limit, rate_limited) = match quota {
-            None => (request.batch_size.max(1), false),
+        let batch = request.batch_size.max(1);
+        let (room, rate_limited) = match quota {
+            None => (
+                ClaimRoom {
+                    all: batch,
+                    new: batch,
+                },
+                false,
+            ),
             Some(row) => {
                 let limits = queue_limits(&row)?;
-                let live: i64 = row.try_get("live").map_err(SqliteError::Database)?;
+                let in_flight: i64 = row.try_get("in_flight").map_err(SqliteError::Database)?;
                 let started: i64 = row.try_get("started").map_err(SqliteError::Database)?;
-                let allowed = limits.allowed(
-                    request.batch_size.max(1),
-                    live.max(0) as u64,
-                    started.max(0) as u64,
-                );
-                (allowed, limits.rate.is_some())
+                let room = limits.room(batch, in_flight.max(0) as u64, started.max(0) as u64);
+                (room, limits.rate.is_some())
             }
         };
-        if limit == 0 {
+        if room.all == 0 {
             tx.rollback_now().await;
             return Ok(ClaimBatch::default());
         }
-        let limit = i64::from(limit);
         let picked = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
             .bind(self.queue_str())
-            .bind(limit)
+            .bind(i64::from(room.all))
+            .bind(i64::from(room.new))
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;

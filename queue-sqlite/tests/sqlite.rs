@@ -81,7 +81,12 @@ async fn the_claim_reads_its_partial_indexes_whatever_the_backlog() {
     .await
     .unwrap();
     let pick = queue_sqlite::pick_sql(&TableName::default());
-    let plan = plan(&queue, &pick, &[Bind::Text("default"), Bind::Int(Some(10))]).await;
+    let binds = [
+        Bind::Text("default"),
+        Bind::Int(Some(10)),
+        Bind::Int(Some(10)),
+    ];
+    let plan = plan(&queue, &pick, &binds).await;
     let text = plan.join("\n");
     assert!(text.contains("USING INDEX queue_jobs_due_idx"), "{text}");
     // Both expired picks are bounded ranges of the expiry index, not a read of every lease.

@@ -63,7 +63,7 @@ cases! {
     }
 
     /// A claim takes no more than the queue's room in flight; a finished job frees its slot,
-    /// and a job whose lease expired no longer holds one (its takeover does).
+    /// and jobs whose leases expired keep theirs but are taken over within the limit.
     pub async fn a_claim_takes_no_more_than_the_room_in_flight<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         enqueue_n(b, 10).await;
@@ -76,12 +76,26 @@ cases! {
 
         h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
         let after = claim(b, 10).await.jobs;
-        assert_eq!(after.len(), 3, "expired leases hold no slot");
-        assert!(after.iter().any(|job| job.taken_over));
+        assert_eq!(after.len(), 3, "the expired leases are taken over, and nothing more");
+        assert!(after.iter().all(|job| job.taken_over), "{after:?}");
         assert_eq!(b.counts().await.unwrap().in_flight, 3);
 
         b.set_limits(QueueLimits::NONE).await.unwrap();
         assert_eq!(claim(b, 10).await.jobs.len(), 6, "no limit: the rest");
+    }
+
+    /// A holder may renew a lease that has passed while nobody took the job over: the job
+    /// kept its slot, so a claim meanwhile may not fill it with another.
+    pub async fn a_late_heartbeat_keeps_its_slot<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_n(b, 2).await;
+        b.set_limits(max_in_flight(1)).await.unwrap();
+        let held = claim(b, 10).await.jobs.remove(0);
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        let renewed = b.extend_lease(held.claim(), lease()).await.unwrap();
+        assert_eq!(renewed, crate::types::Heartbeat::Held, "nobody took it over");
+        assert!(claim(b, 10).await.jobs.is_empty(), "the renewed job holds the one slot");
+        assert_eq!(b.counts().await.unwrap().in_flight, 1);
     }
 
     /// Eight claimers at once, each finishing what it claimed: the queue never has more jobs
