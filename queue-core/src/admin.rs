@@ -186,6 +186,28 @@ impl QueueLimits {
         self.max_in_flight.is_none() && self.rate.is_none()
     }
 
+    /// The limits as a store keeps them (`max_in_flight`, `rate_starts`, `rate_per_ms`; a rate
+    /// needs both of its columns). Values a [`RateLimit`] would refuse, set by hand, are brought
+    /// into its range rather than dropped: a limit is never lifted by a read.
+    pub fn from_stored(
+        max_in_flight: Option<i64>,
+        rate_starts: Option<i64>,
+        rate_per_ms: Option<i64>,
+    ) -> Self {
+        let rate = match (rate_starts, rate_per_ms) {
+            (Some(starts), Some(per_ms)) => RateLimit::new(
+                starts.clamp(1, i64::from(RateLimit::MAX_STARTS)) as u32,
+                Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW),
+            )
+            .ok(),
+            _ => None,
+        };
+        QueueLimits {
+            max_in_flight: max_in_flight.map(|n| n.clamp(1, i64::from(u32::MAX)) as u32),
+            rate,
+        }
+    }
+
     /// Refuses a `max_in_flight` of 0 (a queue nobody may run is a pause: [`Admin::pause`]).
     pub fn check(&self) -> std::result::Result<(), ConfigError> {
         if self.max_in_flight == Some(0) {

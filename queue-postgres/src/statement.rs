@@ -9,7 +9,7 @@ use queue_core::{
     CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, Enqueued,
     ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord,
     JobStatus, Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits,
-    QueueName, QueueStats, RateLimit, RetryTarget,
+    QueueName, QueueStats, RetryTarget,
 };
 use serde_json::Value;
 
@@ -558,25 +558,13 @@ fn queue_control<D: Driver>(row: &D::Row) -> Result<QueueControl, PgError> {
     })
 }
 
-/// The limits columns of a `"{table}_queues"` row (`max_in_flight`, `rate_starts`,
-/// `rate_per_ms`). Values the table's checks let through but a `RateLimit` would refuse (set
-/// by hand) are brought into its range rather than dropped: a limit is never lifted by a read.
+/// The limits columns of a `"{table}_queues"` row (see [`QueueLimits::from_stored`]).
 pub(crate) fn queue_limits<D: Driver>(row: &D::Row) -> Result<QueueLimits, PgError> {
-    let max_in_flight = get::<D, Option<i32>>(row, "max_in_flight")?.map(|n| n.max(1) as u32);
-    let starts = get::<D, Option<i32>>(row, "rate_starts")?;
-    let per_ms = get::<D, Option<i64>>(row, "rate_per_ms")?;
-    let rate = match (starts, per_ms) {
-        (Some(starts), Some(per_ms)) => {
-            let starts = (starts.max(1) as u32).min(RateLimit::MAX_STARTS);
-            let per = Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW);
-            RateLimit::new(starts, per).ok()
-        }
-        _ => None,
-    };
-    Ok(QueueLimits {
-        max_in_flight,
-        rate,
-    })
+    Ok(QueueLimits::from_stored(
+        get::<D, Option<i32>>(row, "max_in_flight")?.map(i64::from),
+        get::<D, Option<i32>>(row, "rate_starts")?.map(i64::from),
+        get::<D, Option<i64>>(row, "rate_per_ms")?,
+    ))
 }
 
 /// `set_limits.sql`: stores the queue's limits; returns its controls after the change.

@@ -17,7 +17,7 @@ use queue_core::{
     ClaimRequest, ClaimRoom, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize,
     FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobPage, JobRecord, JobStatus,
     Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits, QueueName,
-    QueueStats, RateLimit, RetryTarget, RunAt,
+    QueueStats, RetryTarget, RunAt,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -588,25 +588,14 @@ fn control_of(row: Option<&SqliteRow>) -> Result<QueueControl, SqliteError> {
     })
 }
 
-/// The limits columns of a controls row; values a `RateLimit` would refuse (set by hand) are
-/// brought into its range rather than dropped.
+/// The limits columns of a controls row (see [`QueueLimits::from_stored`]).
 fn queue_limits(row: &SqliteRow) -> Result<QueueLimits, SqliteError> {
     let db = SqliteError::Database;
-    let max_in_flight: Option<i64> = row.try_get("max_in_flight").map_err(db)?;
-    let starts: Option<i64> = row.try_get("rate_starts").map_err(db)?;
-    let per_ms: Option<i64> = row.try_get("rate_per_ms").map_err(db)?;
-    let rate = match (starts, per_ms) {
-        (Some(starts), Some(per_ms)) => RateLimit::new(
-            starts.clamp(1, i64::from(RateLimit::MAX_STARTS)) as u32,
-            Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW),
-        )
-        .ok(),
-        _ => None,
-    };
-    Ok(QueueLimits {
-        max_in_flight: max_in_flight.map(|n| n.clamp(1, i64::from(u32::MAX)) as u32),
-        rate,
-    })
+    Ok(QueueLimits::from_stored(
+        row.try_get("max_in_flight").map_err(db)?,
+        row.try_get("rate_starts").map_err(db)?,
+        row.try_get("rate_per_ms").map_err(db)?,
+    ))
 }
 
 /// `run_at` as the insert's two parameters: an instant, or a delay from SQLite's now.

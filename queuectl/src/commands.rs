@@ -452,11 +452,7 @@ async fn queue_command(
             };
             let control = queue.set_limits(limits).await?;
             out.done(
-                &format!(
-                    "queue {}: {}",
-                    cli.queue,
-                    output::limits_text(&control.limits)
-                ),
+                &format!("queue {}: {}", cli.queue, control.limits),
                 &output::control_json(&cli.queue, &control),
             )?;
             Ok(Exit::Done)

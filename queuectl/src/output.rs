@@ -101,11 +101,6 @@ pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
     })
 }
 
-/// A queue's limits in words: `at most 8 in flight, 100 starts per 60s`, or `no limits`.
-pub(crate) fn limits_text(limits: &queue_core::QueueLimits) -> String {
-    limits.to_string()
-}
-
 /// `status`: one row per queue of the table (and the queue asked for, even when idle).
 pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Result<Exit, CtlError> {
     let mut names = queue.queues().await?;
@@ -172,7 +167,7 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             if control.limits.is_none() {
                 "-".to_owned()
             } else {
-                limits_text(&control.limits)
+                control.limits.to_string()
             },
         ]);
         documents.push(json!({
