@@ -188,12 +188,15 @@ async fn drain_waits_for_a_claim_that_started_before_the_pause<D: TestDriver>() 
         let queue = queue.clone();
         tokio::spawn(async move { queue.claim(req(1)).await.unwrap() })
     };
+    // Wait until the claim sleeps in its trigger, after its update: a statement shows as active
+    // from its parse on, before it takes its snapshot, and a claim whose snapshot sees the pause
+    // rightly takes nothing.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let running: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database() AND state = 'active'
-               AND query LIKE '-- The claim%'",
+               AND query LIKE '-- The claim%' AND wait_event = 'PgSleep'",
         )
         .fetch_one(&db.pool)
         .await
