@@ -21,7 +21,8 @@ ALTER TABLE "exchange_send_jobs"
     ADD COLUMN IF NOT EXISTS lease_generation    bigint,
     ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz,
     ADD COLUMN IF NOT EXISTS claimed_by          text,
-    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]';
+    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]',
+    ADD COLUMN IF NOT EXISTS partition_key       text;
 
 CREATE TABLE IF NOT EXISTS "exchange_send_jobs_queues" (
     queue         text        PRIMARY KEY,
@@ -38,3 +39,7 @@ ALTER TABLE "exchange_send_jobs_queues"
     ADD COLUMN IF NOT EXISTS rate_per_ms   bigint  CHECK (rate_per_ms > 0),
     ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]',
     ADD COLUMN IF NOT EXISTS claims        bigint  NOT NULL DEFAULT 0;
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS max_per_partition integer CHECK (max_per_partition > 0),
+    ADD COLUMN IF NOT EXISTS partition_cursor  text;

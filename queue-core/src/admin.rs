@@ -159,8 +159,13 @@ pub struct QueueControl {
 /// let limits = QueueLimits {
 ///     max_in_flight: Some(8),
 ///     rate: Some(RateLimit::new(100, Duration::from_secs(60))?),
+///     ..QueueLimits::NONE
 /// };
 /// assert_eq!(limits.to_string(), "at most 8 in flight, 100 starts per 60s");
+///
+/// // Many partners in one queue: one request at a time to each, partners taking turns.
+/// let one_each = QueueLimits { max_per_partition: Some(1), ..QueueLimits::NONE };
+/// assert_eq!(one_each.to_string(), "at most 1 in flight per partition");
 /// # Ok::<(), queue_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -172,6 +177,13 @@ pub struct QueueLimits {
     pub max_in_flight: Option<u32>,
     /// At most so many claims of the queue's jobs within any window of the given length.
     pub rate: Option<RateLimit>,
+    /// At most this many jobs of one partition ([`NewJob::partition_key`]) in flight at once,
+    /// counted as `max_in_flight` is. Partitions take turns: each claim goes on from the
+    /// partition where the last one stopped, in key order, so a partition's backlog never
+    /// holds back another's. Jobs without a partition key are not limited by it. At least 1.
+    ///
+    /// [`NewJob::partition_key`]: crate::NewJob#structfield.partition_key
+    pub max_per_partition: Option<u32>,
 }
 
 impl QueueLimits {
@@ -179,20 +191,23 @@ impl QueueLimits {
     pub const NONE: QueueLimits = QueueLimits {
         max_in_flight: None,
         rate: None,
+        max_per_partition: None,
     };
 
     /// Whether no limit is set.
     pub fn is_none(&self) -> bool {
-        self.max_in_flight.is_none() && self.rate.is_none()
+        self.max_in_flight.is_none() && self.rate.is_none() && self.max_per_partition.is_none()
     }
 
-    /// The limits as a store keeps them (`max_in_flight`, `rate_starts`, `rate_per_ms`; a rate
-    /// needs both of its columns). Values a [`RateLimit`] would refuse, set by hand, are brought
-    /// into its range rather than dropped: a limit is never lifted by a read.
+    /// The limits as a store keeps them (`max_in_flight`, `rate_starts`, `rate_per_ms`,
+    /// `max_per_partition`; a rate needs both of its columns). Values a [`RateLimit`] would
+    /// refuse, set by hand, are brought into its range rather than dropped: a limit is never
+    /// lifted by a read.
     pub fn from_stored(
         max_in_flight: Option<i64>,
         rate_starts: Option<i64>,
         rate_per_ms: Option<i64>,
+        max_per_partition: Option<i64>,
     ) -> Self {
         let rate = match (rate_starts, rate_per_ms) {
             (Some(starts), Some(per_ms)) => RateLimit::new(
@@ -202,18 +217,27 @@ impl QueueLimits {
             .ok(),
             _ => None,
         };
+        let count = |n: i64| n.clamp(1, i64::from(u32::MAX)) as u32;
         QueueLimits {
-            max_in_flight: max_in_flight.map(|n| n.clamp(1, i64::from(u32::MAX)) as u32),
+            max_in_flight: max_in_flight.map(count),
             rate,
+            max_per_partition: max_per_partition.map(count),
         }
     }
 
-    /// Refuses a `max_in_flight` of 0 (a queue nobody may run is a pause: [`Admin::pause`]).
+    /// Refuses a `max_in_flight` or `max_per_partition` of 0 (a queue nobody may run is a
+    /// pause: [`Admin::pause`]).
     pub fn check(&self) -> std::result::Result<(), ConfigError> {
         if self.max_in_flight == Some(0) {
             return Err(ConfigError::OutOfRange {
                 name: "max_in_flight",
                 detail: "0 would stop the queue; pause it instead".to_owned(),
+            });
+        }
+        if self.max_per_partition == Some(0) {
+            return Err(ConfigError::OutOfRange {
+                name: "max_per_partition",
+                detail: "0 would stop every partition; pause the queue instead".to_owned(),
             });
         }
         Ok(())
@@ -249,14 +273,24 @@ pub struct ClaimRoom {
     pub new: u32,
 }
 
-/// `at most 8 in flight, 100 starts per 60s`, or `no limits`.
+/// `at most 8 in flight, 100 starts per 60s, at most 1 in flight per partition`, or
+/// `no limits`.
 impl std::fmt::Display for QueueLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.max_in_flight, self.rate) {
-            (None, None) => f.write_str("no limits"),
-            (Some(max), None) => write!(f, "at most {max} in flight"),
-            (None, Some(rate)) => write!(f, "{rate}"),
-            (Some(max), Some(rate)) => write!(f, "at most {max} in flight, {rate}"),
+        let mut parts = Vec::new();
+        if let Some(max) = self.max_in_flight {
+            parts.push(format!("at most {max} in flight"));
+        }
+        if let Some(rate) = self.rate {
+            parts.push(rate.to_string());
+        }
+        if let Some(max) = self.max_per_partition {
+            parts.push(format!("at most {max} in flight per partition"));
+        }
+        if parts.is_empty() {
+            f.write_str("no limits")
+        } else {
+            f.write_str(&parts.join(", "))
         }
     }
 }

@@ -109,6 +109,15 @@ pub enum InvalidInput {
         /// The key's length in bytes.
         len: usize,
     },
+    /// A partition key holds a NUL character.
+    #[error("the partition key holds a NUL character")]
+    PartitionKeyNul,
+    /// A partition key longer than [`crate::limits::MAX_PARTITION_KEY_BYTES`] (or empty).
+    #[error("the partition key is {len} bytes, outside 1 to {max}", max = crate::limits::MAX_PARTITION_KEY_BYTES)]
+    PartitionKeyLength {
+        /// The key's length in bytes.
+        len: usize,
+    },
     /// A delay longer than [`crate::limits::MAX_DELAY`].
     #[error("a delay of {0:?} is longer than the longest the queue schedules ({max:?})", max = crate::limits::MAX_DELAY)]
     DelayTooLong(Duration),

@@ -67,6 +67,7 @@ mod hooks;
 pub mod limits;
 mod memory;
 pub mod metrics;
+pub mod partition;
 mod retry;
 pub mod schedule;
 mod types;

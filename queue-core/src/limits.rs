@@ -186,6 +186,14 @@ impl NewJob {
                 return Err(InvalidInput::UniqueKeyTooLong { len: key.len() });
             }
         }
+        if let Some(key) = self.partition_key.as_deref() {
+            if key.contains('\0') {
+                return Err(InvalidInput::PartitionKeyNul);
+            }
+            if key.is_empty() || key.len() > MAX_PARTITION_KEY_BYTES {
+                return Err(InvalidInput::PartitionKeyLength { len: key.len() });
+            }
+        }
         if !self.unique.is_default() {
             if self.unique_key.is_none() {
                 return Err(InvalidInput::UniqueScopeWithoutKey);
@@ -215,6 +223,10 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// The longest unique key, in bytes: 512. PostgreSQL's unique index refuses entries over about
 /// 2.7 kB with an error no caller can act on; a key is an identifier, not data.
 pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
+
+/// The longest partition key ([`NewJob::partition_key`](NewJob#structfield.partition_key)),
+/// in bytes: 200. A key names a partner or a tenant; it is part of an index entry.
+pub const MAX_PARTITION_KEY_BYTES: usize = 200;
 
 /// Why a stored payload does not parse into a handler's type, without any of the payload's
 /// values: payloads may carry secrets (a card number in a mistyped field), and this text goes to
@@ -453,6 +465,22 @@ mod tests {
             Err(InvalidInput::UniqueKeyTooLong {
                 len: MAX_UNIQUE_KEY_BYTES + 1
             })
+        );
+        let partitioned = |key: &str| NewJob::from_value(json!({})).partition_key(key);
+        assert!(partitioned(&"p".repeat(MAX_PARTITION_KEY_BYTES)).check().is_ok());
+        assert_eq!(
+            partitioned(&"p".repeat(MAX_PARTITION_KEY_BYTES + 1)).check(),
+            Err(InvalidInput::PartitionKeyLength {
+                len: MAX_PARTITION_KEY_BYTES + 1
+            })
+        );
+        assert_eq!(
+            partitioned("").check(),
+            Err(InvalidInput::PartitionKeyLength { len: 0 })
+        );
+        assert_eq!(
+            partitioned("a\0b").check(),
+            Err(InvalidInput::PartitionKeyNul)
         );
         let huge = NewJob::from_value(json!("x".repeat(DEFAULT_MAX_PAYLOAD_BYTES)));
         assert!(matches!(

@@ -4,7 +4,7 @@
 //! is the system clock plus an offset that tests move with [`MemoryBackend::advance_clock`]:
 //! leases expire without sleeping.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
 use crate::backend::{Backend, BackendTx};
 use crate::error::Result;
+use crate::partition::PartitionWalk;
 use crate::types::{
     CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration, ClaimRequest,
     ClaimToken, ClaimedJob, Enqueued, Finalize, FinalizeOutcome, Heartbeat, JobId, JobRecord,
@@ -66,7 +67,14 @@ struct State {
     /// Limits per queue, and each limited queue's recent claims (when, how many) for its rate.
     limits: HashMap<String, crate::admin::QueueLimits>,
     started: HashMap<String, Vec<(DateTime<Utc>, u64)>>,
+    /// Pending jobs with a partition key, per queue and key, in claim order (a key with none
+    /// is removed), and each queue's partition cursor (`crate::partition`).
+    partitions: BTreeMap<String, BTreeMap<String, BTreeSet<Due>>>,
+    partition_cursor: HashMap<String, String>,
 }
+
+/// A pending job's place in claim order: due time, priority, id.
+type Due = (DateTime<Utc>, i16, i64);
 
 impl State {
     fn control(&self, queue: &str) -> crate::admin::QueueControl {
@@ -102,11 +110,78 @@ impl State {
 }
 
 impl State {
+    /// The due jobs a claim of a queue limited to `per` in flight per partition may take, at
+    /// most `wanted`, in claim order: those without a partition, and the offers of the
+    /// partitions a [`PartitionWalk`] visits (see [`crate::partition`]); and the walk, for the
+    /// cursor.
+    fn partitioned_due(
+        &self,
+        queue: &str,
+        per: u32,
+        wanted: usize,
+        now: DateTime<Utc>,
+    ) -> (Vec<Due>, PartitionWalk) {
+        let mut running: HashMap<&str, u64> = HashMap::new();
+        for id in self.in_flight.get(queue).into_iter().flatten() {
+            if let Some(key) = self.jobs.get(id).and_then(|j| j.partition_key.as_deref()) {
+                *running.entry(key).or_default() += 1;
+            }
+        }
+        let mut due: Vec<Due> = self
+            .due
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .take_while(|(at, _, _)| *at <= now)
+            .filter(|(_, _, id)| self.jobs[id].partition_key.is_none())
+            .take(wanted)
+            .copied()
+            .collect();
+        let cursor = self.partition_cursor.get(queue).cloned();
+        let mut walk = PartitionWalk::new(cursor, per, wanted as u32);
+        let empty = BTreeMap::new();
+        let keys = self.partitions.get(queue).unwrap_or(&empty);
+        while let Some(probe) = walk.probe() {
+            use std::ops::Bound;
+            let lower = probe.after.map_or(Bound::Unbounded, Bound::Excluded);
+            let upper = probe.up_to.map_or(Bound::Unbounded, Bound::Included);
+            let found = keys
+                .range::<str, _>((lower, upper))
+                .next()
+                .map(|(key, set)| {
+                    let is_due = set.first().is_some_and(|(at, _, _)| *at <= now);
+                    let in_flight = running.get(key.as_str()).copied().unwrap_or(0);
+                    (key.clone(), is_due, in_flight)
+                });
+            walk.found(found);
+        }
+        for visit in walk.visits().iter().filter(|v| v.room > 0) {
+            let offers = keys[&visit.key]
+                .iter()
+                .take_while(|(at, _, _)| *at <= now)
+                .take((visit.room as usize).min(wanted));
+            due.extend(offers);
+        }
+        due.sort();
+        due.truncate(wanted);
+        (due, walk)
+    }
+
     fn unindex(&mut self, job: &JobRecord) {
         match job.status {
             JobStatus::Pending => {
+                let due = (job.next_attempt_at, job.priority, job.id.0);
                 if let Some(set) = self.due.get_mut(&job.queue) {
-                    set.remove(&(job.next_attempt_at, job.priority, job.id.0));
+                    set.remove(&due);
+                }
+                if let Some(key) = &job.partition_key
+                    && let Some(keys) = self.partitions.get_mut(&job.queue)
+                    && let Some(set) = keys.get_mut(key)
+                {
+                    set.remove(&due);
+                    if set.is_empty() {
+                        keys.remove(key);
+                    }
                 }
             }
             JobStatus::InFlight => {
@@ -121,11 +196,16 @@ impl State {
     fn index(&mut self, job: &JobRecord) {
         match job.status {
             JobStatus::Pending => {
-                self.due.entry(job.queue.clone()).or_default().insert((
-                    job.next_attempt_at,
-                    job.priority,
-                    job.id.0,
-                ));
+                let due = (job.next_attempt_at, job.priority, job.id.0);
+                self.due.entry(job.queue.clone()).or_default().insert(due);
+                if let Some(key) = &job.partition_key {
+                    self.partitions
+                        .entry(job.queue.clone())
+                        .or_default()
+                        .entry(key.clone())
+                        .or_default()
+                        .insert(due);
+                }
             }
             JobStatus::InFlight => {
                 self.in_flight
@@ -206,6 +286,7 @@ impl State {
             claim_token: ClaimToken(0),
             last_error: None,
             unique_key: job.unique_key,
+            partition_key: job.partition_key,
             created_at: now,
             updated_at: now,
             finished_at: None,
@@ -375,6 +456,7 @@ impl MemoryBackend {
             claim_token: ClaimToken(0),
             last_error: None,
             unique_key: None,
+            partition_key: None,
             created_at: now,
             updated_at: now,
             finished_at: None,
@@ -603,17 +685,27 @@ impl Backend for MemoryBackend {
         }
 
         // The two picks of the SQL claim: due pending jobs in order, and expired leases.
-        let due: Vec<(DateTime<Utc>, i16, i64)> = state
-            .due
-            .get(queue)
-            .map(|set| {
-                set.iter()
-                    .take_while(|(at, _, _)| *at <= now)
-                    .take(new_limit)
-                    .copied()
-                    .collect()
-            })
-            .unwrap_or_default();
+        let per_partition = state.limits.get(queue).and_then(|l| l.max_per_partition);
+        let (due, walk) = match per_partition {
+            None => {
+                let due: Vec<Due> = state
+                    .due
+                    .get(queue)
+                    .map(|set| {
+                        set.iter()
+                            .take_while(|(at, _, _)| *at <= now)
+                            .take(new_limit)
+                            .copied()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (due, None)
+            }
+            Some(per) => {
+                let (due, walk) = state.partitioned_due(queue, per, new_limit, now);
+                (due, Some(walk))
+            }
+        };
         let mut expired: Vec<(DateTime<Utc>, i16, i64)> = state
             .in_flight
             .get(queue)
@@ -667,6 +759,17 @@ impl Backend for MemoryBackend {
                 payload: row.payload.clone(),
             });
             state.put(id, Some(row));
+        }
+        if let Some(walk) = walk {
+            let taken: HashSet<&str> = batch
+                .jobs
+                .iter()
+                .filter_map(|job| state.jobs[&job.id.0].partition_key.as_deref())
+                .collect();
+            match walk.cursor_after(|key| taken.contains(key)) {
+                Some(cursor) => state.partition_cursor.insert(queue.to_owned(), cursor),
+                None => state.partition_cursor.remove(queue),
+            };
         }
         if state.limits.get(queue).is_some_and(|l| l.rate.is_some()) && !batch.jobs.is_empty() {
             let log = state.started.entry(queue.to_owned()).or_default();

@@ -277,6 +277,11 @@ pub struct NewJob {
     /// what this enqueue does to a pending holder. Default: the holder keeps the key in every
     /// status and this enqueue is dropped as a duplicate.
     pub unique: UniqueScope,
+    /// The partition the job belongs to (a partner, a tenant, an account): in a queue with a
+    /// limit per partition ([`QueueLimits::max_per_partition`](crate::QueueLimits)), at most
+    /// so many jobs of one partition run at once, and partitions take turns. `None`: the job
+    /// belongs to no partition and only the queue's own limits apply to it.
+    pub partition_key: Option<String>,
 }
 
 /// How long a unique key holds against a new enqueue, and what a duplicate does; set on the
@@ -351,7 +356,16 @@ impl NewJob {
             run_at: RunAt::Now,
             unique_key: None,
             unique: UniqueScope::default(),
+            partition_key: None,
         }
+    }
+
+    /// Puts the job in a partition (see
+    /// [`NewJob::partition_key`](NewJob#structfield.partition_key)): at most
+    /// [`MAX_PARTITION_KEY_BYTES`](crate::limits::MAX_PARTITION_KEY_BYTES), no NUL.
+    pub fn partition_key(mut self, key: impl Into<String>) -> Self {
+        self.partition_key = Some(key.into());
+        self
     }
 
     /// Sets the priority (lower runs first among jobs due at the same instant).
@@ -728,6 +742,8 @@ pub struct JobRecord {
     pub last_error: Option<String>,
     /// The unique key, if any.
     pub unique_key: Option<String>,
+    /// The partition it belongs to ([`NewJob::partition_key`](NewJob#structfield.partition_key)), if any.
+    pub partition_key: Option<String>,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
     /// When it last changed.

@@ -62,3 +62,12 @@ ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN max_in_flight INTEGER CHECK (
 ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_starts INTEGER CHECK (rate_starts > 0);
 ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_per_ms INTEGER CHECK (rate_per_ms > 0);
 ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN rate_log TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE "exchange_send_jobs" ADD COLUMN partition_key TEXT;
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN max_per_partition INTEGER CHECK (max_per_partition > 0);
+ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN partition_cursor TEXT;
+
+-- The walk over a queue's partitions (one probe per key, the key's earliest job first) and each
+-- partition's due pick. Only jobs with a partition key: empty for a table that has none.
+CREATE INDEX IF NOT EXISTS "exchange_send_jobs_partition_idx"
+    ON "exchange_send_jobs" (queue, partition_key, next_attempt_at, priority, id)
+    WHERE status = 'pending' AND partition_key IS NOT NULL;

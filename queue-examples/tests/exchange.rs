@@ -800,8 +800,9 @@ fn exchange_upgrade() -> LegacyUpgrade {
 }
 
 /// The versions under which the exchange commits the generated files, in their order (0005,
-/// between the columns and the backfill, is the exchange's own).
-const GENERATED_VERSIONS: [i64; 10] = [
+/// between the columns and the backfill, is the exchange's own; the partition index, which a
+/// later framework release added, came after the exchange's 0015).
+const GENERATED_VERSIONS: [i64; 11] = [
     20260101000004,
     20260101000006,
     20260101000007,
@@ -810,6 +811,7 @@ const GENERATED_VERSIONS: [i64; 10] = [
     20260101000010,
     20260101000011,
     20260101000012,
+    20260101000016,
     20260101000013,
     20260101000014,
 ];

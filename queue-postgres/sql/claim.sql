@@ -25,9 +25,13 @@
 -- cancel an operator requested comes back flagged cancel_requested (its holder ends it
 -- cancelled). A queue an operator paused ("{{table}}_queues".paused_at set) gives nothing: the
 -- check is one primary-key read, done once per claim. So does a queue with limits
--- (max_in_flight, rate_starts): claim_limited.sql claims from it, under the queue row's lock. Rows come back in claim order, each with when it was due (due_at: the worker's
+-- (max_in_flight, rate_starts, max_per_partition): claim_limited.sql claims from it, under the
+-- queue row's lock. Rows come back in claim order, each with when it was due (due_at: the worker's
 -- start-lag metric).
-WITH {{claim_picks}}
+WITH due AS MATERIALIZED (
+{{claim_due}}
+),
+{{claim_picks}}
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
        payload, taken_over, over_reclaim_cap, cancel_requested
 FROM claimed

@@ -1,21 +1,11 @@
--- The claim's picks and its update, shared by claim.sql and finalize_claim.sql (each renders
--- this file in place of its claim_picks token; claim.sql says what they guarantee).
--- Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its own. Rendered
--- with three tokens: due_batch, how many pending jobs to pick, and batch, how many picked jobs
--- to take (both $2, or claim_limited.sql's quota: new jobs within max_in_flight, and all
--- within the rate; takeovers stop at $2), and
--- limited_guard, what else keeps a claim from a queue besides a pause (claim.sql's: limits,
--- which only claim_limited.sql applies; claim_limited.sql's: nothing).
-due AS MATERIALIZED (
-    SELECT id, next_attempt_at, priority, reclaims, false AS expired
-    FROM "{{table}}"
-    WHERE queue = $1 AND status = 'pending' AND next_attempt_at <= now()
-      AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
-                      WHERE c.queue = $1 AND (c.paused_at IS NOT NULL {{limited_guard}}))
-    ORDER BY next_attempt_at, priority, id
-    LIMIT {{due_batch}}
-    FOR UPDATE SKIP LOCKED
-),
+-- The claim's picks and its update, shared by claim.sql, finalize_claim.sql and
+-- claim_limited.sql (each renders this file in place of its claim_picks token, after a CTE due:
+-- the pending jobs to take, claim_due.sql's pick or claim_limited.sql's; claim.sql says what
+-- they guarantee). Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its
+-- own. Rendered with two tokens: batch, how many picked jobs to take ($2, or claim_limited.sql's
+-- quota: all within the rate; takeovers stop at $2), and limited_guard, what else keeps a claim
+-- from a queue besides a pause (claim.sql's: limits, which only claim_limited.sql applies;
+-- claim_limited.sql's: nothing).
 expired AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, true AS expired
     FROM "{{table}}"

@@ -6,7 +6,8 @@
 -- each job (queue_core::UniqueScope): $9 the statuses a holder keeps the key in, each a text
 -- array literal such as '{in_flight,pending}' (text[], NULL: every status), $10 how many seconds
 -- after its enqueue a holder keeps it (float8[], NULL: for ever), $11 whether a duplicate
--- replaces a pending holder's payload, priority and due time (bool[]).
+-- replaces a pending holder's payload, priority and due time (bool[]); $12 partition keys
+-- (text[]; a replacing duplicate keeps its holder's).
 --
 -- Guarantees: one statement, so all rows or none. Ids are drawn from the table's sequence
 -- before the insert, so every input row knows its own. A holder out of the new job's scope gives
@@ -25,13 +26,13 @@ WITH input AS MATERIALIZED (
     SELECT u.ord,
            nextval((SELECT pg_get_serial_sequence($2, 'id'))::regclass) AS id,
            u.payload, u.priority, u.run_at, u.delay_secs, u.unique_key,
-           u.held_while::text[] AS held_while, u.held_for_secs, u.replaces,
+           u.held_while::text[] AS held_while, u.held_for_secs, u.replaces, u.partition_key,
            u.unique_key IS NULL
                OR row_number() OVER (PARTITION BY u.unique_key ORDER BY u.ord) = 1 AS first_of_key
     FROM unnest($3::jsonb[], $4::int2[], $5::timestamptz[], $6::float8[], $7::text[],
-                $9::text[], $10::float8[], $11::bool[])
+                $9::text[], $10::float8[], $11::bool[], $12::text[])
          WITH ORDINALITY AS u(payload, priority, run_at, delay_secs, unique_key,
-                              held_while, held_for_secs, replaces, ord)
+                              held_while, held_for_secs, replaces, partition_key, ord)
 ),
 released AS (
     UPDATE "{{table}}" AS held
@@ -59,10 +60,11 @@ replaced AS (
     RETURNING held.id, held.unique_key
 ),
 upserted AS (
-    INSERT INTO "{{table}}" (id, queue, payload, priority, next_attempt_at, unique_key)
+    INSERT INTO "{{table}}" (id, queue, payload, priority, next_attempt_at, unique_key,
+                             partition_key)
     SELECT id, $1, payload, priority,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_secs, 0))),
-           unique_key
+           unique_key, partition_key
     FROM input
     WHERE first_of_key
       AND (SELECT count(*) FROM released) >= 0

@@ -4,7 +4,7 @@
 --
 -- Parameters: $1 queue; $2 the table's quoted name (for its id sequence); $3 payloads (jsonb[]);
 -- $4 priorities (int2[]); $5 run-at instants (timestamptz[], NULL: use $6); $6 delays in seconds
--- (float8[]); $7 wake-up channel (NULL: no NOTIFY).
+-- (float8[]); $7 wake-up channel (NULL: no NOTIFY); $8 partition keys (text[]).
 --
 -- Guarantees: one statement, so all rows or none. Ids are drawn from the table's sequence
 -- before the insert, so every input row knows its own. When a channel is given, one NOTIFY is
@@ -13,14 +13,15 @@
 WITH input AS MATERIALIZED (
     SELECT u.ord,
            nextval((SELECT pg_get_serial_sequence($2, 'id'))::regclass) AS id,
-           u.payload, u.priority, u.run_at, u.delay_secs
-    FROM unnest($3::jsonb[], $4::int2[], $5::timestamptz[], $6::float8[])
-         WITH ORDINALITY AS u(payload, priority, run_at, delay_secs, ord)
+           u.payload, u.priority, u.run_at, u.delay_secs, u.partition_key
+    FROM unnest($3::jsonb[], $4::int2[], $5::timestamptz[], $6::float8[], $8::text[])
+         WITH ORDINALITY AS u(payload, priority, run_at, delay_secs, partition_key, ord)
 ),
 inserted AS (
-    INSERT INTO "{{table}}" (id, queue, payload, priority, next_attempt_at)
+    INSERT INTO "{{table}}" (id, queue, payload, priority, next_attempt_at, partition_key)
     SELECT id, $1, payload, priority,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_secs, 0)))
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_secs, 0))),
+           partition_key
     FROM input
     ORDER BY ord
 ),

@@ -15,6 +15,9 @@
 WITH finalized AS (
 {{finalize}}
 ),
+due AS MATERIALIZED (
+{{claim_due}}
+),
 {{claim_picks}}
 SELECT true AS finalized, id, claim_generation, claim_token, NULL AS attempts,
        NULL AS reclaims, NULL AS claimed_at, NULL AS due_at, NULL AS priority, NULL AS payload,

@@ -3,7 +3,7 @@
 -- claim that held it before (the path a claim takes when, alone, it found its snapshot stale).
 --
 -- Parameters: $1 queue. Returns the row's limits (no row: no limits, nothing locked).
-SELECT max_in_flight, rate_starts, rate_per_ms
+SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition
 FROM "{{table}}_queues"
 WHERE queue = $1
 FOR UPDATE

@@ -29,7 +29,8 @@ ALTER TABLE "{{table}}"
     ADD COLUMN IF NOT EXISTS lease_generation    bigint,
     ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz,
     ADD COLUMN IF NOT EXISTS claimed_by          text,
-    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]';
+    ADD COLUMN IF NOT EXISTS errors              jsonb       NOT NULL DEFAULT '[]',
+    ADD COLUMN IF NOT EXISTS partition_key       text;
 
 -- The queue controls (pauses), a table of their own: creating it takes no lock on the job table.
 CREATE TABLE IF NOT EXISTS "{{table}}_queues" (
@@ -47,4 +48,9 @@ ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS rate_starts   integer CHECK (rate_starts > 0),
     ADD COLUMN IF NOT EXISTS rate_per_ms   bigint  CHECK (rate_per_ms > 0),
     ADD COLUMN IF NOT EXISTS rate_log      jsonb   NOT NULL DEFAULT '[]',
-    ADD COLUMN IF NOT EXISTS claims        bigint  NOT NULL DEFAULT 0
+    ADD COLUMN IF NOT EXISTS claims        bigint  NOT NULL DEFAULT 0;
+
+-- The partitions' controls (table migration 20261206000001), on a controls table of any age.
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS max_per_partition integer CHECK (max_per_partition > 0),
+    ADD COLUMN IF NOT EXISTS partition_cursor  text

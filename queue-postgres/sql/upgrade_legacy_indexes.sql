@@ -24,3 +24,7 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_finished_idx"
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_failed_idx"
     ON "{{table}}" (queue, status, id) WHERE status IN ('failed', 'dead', 'cancelled');
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS "{{table}}_partition_idx"
+    ON "{{table}}" (queue, partition_key, next_attempt_at, priority, id)
+    WHERE status = 'pending' AND partition_key IS NOT NULL;

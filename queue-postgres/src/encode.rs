@@ -26,6 +26,8 @@ pub(crate) struct EnqueueColumns {
     pub held_while: Vec<Option<String>>,
     pub held_for: Vec<Option<f64>>,
     pub replaces: Vec<bool>,
+    /// Each job's partition key.
+    pub partitions: Vec<Option<String>>,
 }
 
 impl EnqueueColumns {
@@ -47,6 +49,7 @@ impl EnqueueColumns {
                 .held_for
                 .push(job.unique.held_for.map(|period| period.as_secs_f64()));
             columns.replaces.push(job.unique.replace);
+            columns.partitions.push(job.partition_key);
         }
         columns
     }
@@ -133,8 +136,8 @@ pub(crate) fn outcomes(
 }
 
 /// The rows of `enqueue_copy.sql` in COPY's text format: one line per job with its id, the
-/// queue, the payload, the priority and the due time (`now` plus the delay, or the instant
-/// given), every text escaped as COPY reads it. `None` when a delay puts a due time out of
+/// queue, the payload, the priority, the due time (`now` plus the delay, or the instant
+/// given) and the partition key, every text escaped as COPY reads it. `None` when a delay puts a due time out of
 /// range (the statement path then reports it as the database does).
 pub(crate) fn copy_rows(
     ids: &[i64],
@@ -161,6 +164,12 @@ pub(crate) fn copy_rows(
         out.push_str(&job.priority.to_string());
         out.push('\t');
         out.push_str(&due.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string());
+        out.push('\t');
+        match &job.partition_key {
+            Some(key) => escape_copy_text(&mut out, key),
+            // COPY's text format reads \N as NULL.
+            None => out.push_str("\\N"),
+        }
         out.push('\n');
     }
     Some(out.into_bytes())
@@ -204,17 +213,30 @@ mod tests {
         let now = DateTime::parse_from_rfc3339("2026-12-02T01:02:03.5Z")
             .unwrap()
             .with_timezone(&Utc);
-        let rows = copy_rows(&[7], now, r"q\1", &[job]).unwrap();
+        let keyed = NewJob::from_value(serde_json::json!(1)).partition_key("p\t\\1");
+        let rows = copy_rows(&[7, 8], now, r"q\1", &[job, keyed]).unwrap();
         let text = String::from_utf8(rows).unwrap();
-        // The JSON text keeps its own escapes, each backslash doubled for COPY; the queue's too.
+        // The JSON text keeps its own escapes, each backslash doubled for COPY; the queue's and
+        // the partition key's too. No partition key is \N, COPY's NULL.
         let expected = [
             "7",
             r"q\\1",
             r#"{"s":"a\\tb\\\\n\\nc\\r"}"#,
             "0",
             "2026-12-02 01:02:03.500000+00",
+            r"\N",
         ]
         .join("\t")
+            + "\n"
+            + &[
+                "8",
+                r"q\\1",
+                "1",
+                "0",
+                "2026-12-02 01:02:03.500000+00",
+                r"p\t\\1",
+            ]
+            .join("\t")
             + "\n";
         assert_eq!(text, expected);
         let far = NewJob::from_value(serde_json::json!({}))

@@ -51,7 +51,7 @@ pub fn table_migration_sql(table: &TableName, version: i64) -> Result<String, Pg
 }
 
 /// The indexes the statements rely on, by suffix, with what each is for.
-const REQUIRED_INDEXES: [(&str, &str); 6] = [
+const REQUIRED_INDEXES: [(&str, &str); 7] = [
     ("due_idx", "the due pick of the claim"),
     (
         "expiry_idx",
@@ -67,6 +67,10 @@ const REQUIRED_INDEXES: [(&str, &str); 6] = [
         "failed_idx",
         "the listing of failed, dead and cancelled jobs",
     ),
+    (
+        "partition_idx",
+        "the claim's walk over partitions (table migration 20261206000001)",
+    ),
 ];
 
 /// The suffixes of the indexes the statements rely on.
@@ -75,13 +79,16 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
     REQUIRED_INDEXES.iter().map(|(suffix, _)| *suffix)
 }
 
-/// The columns of `<table>_queues` that the claim of a limited queue reads.
-const CONTROLS_LIMITS_COLUMNS: [&str; 5] = [
-    "max_in_flight",
-    "rate_starts",
-    "rate_per_ms",
-    "rate_log",
-    "claims",
+/// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
+/// migration that adds them and what for.
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 7] = [
+    ("max_in_flight", 20261205000001, "queue limits"),
+    ("rate_starts", 20261205000001, "queue limits"),
+    ("rate_per_ms", 20261205000001, "queue limits"),
+    ("rate_log", 20261205000001, "queue limits"),
+    ("claims", 20261205000001, "queue limits"),
+    ("max_per_partition", 20261206000001, "partitions"),
+    ("partition_cursor", 20261206000001, "partitions"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -117,6 +124,10 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
                 "column {name} ({ty}; table migration 20261204000001: commit \
                  table_migration_sql(table, 20261204000001) as a migration of your own)"
             )),
+            None if name == col::PARTITION_KEY => missing.push(format!(
+                "column {name} ({ty}; table migration 20261206000001: commit \
+                 table_migration_sql(table, 20261206000001) as a migration of your own)"
+            )),
             None => missing.push(format!("column {name} ({ty})")),
             Some((_, actual)) if actual != ty => {
                 missing.push(format!("column {name} must be {ty}, found {actual}"))
@@ -140,16 +151,28 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
             "the table {table}_queues (queue pauses, table migration 20261202000001)"
         ));
     } else {
-        let absent: Vec<&str> = CONTROLS_LIMITS_COLUMNS
-            .into_iter()
-            .filter(|name| !facts.controls_columns.iter().any(|c| c == name))
-            .collect();
-        if !absent.is_empty() {
-            missing.push(format!(
-                "columns {} of {table}_queues (queue limits, table migration 20261205000001: \
-                 commit table_migration_sql(table, 20261205000001) as a migration of your own)",
-                absent.join(", ")
-            ));
+        for version in [20261205000001, 20261206000001] {
+            let absent: Vec<&str> = CONTROLS_LIMITS_COLUMNS
+                .into_iter()
+                .filter(|(name, v, _)| {
+                    *v == version && !facts.controls_columns.iter().any(|c| c == name)
+                })
+                .map(|(name, _, _)| name)
+                .collect();
+            let Some(what) = CONTROLS_LIMITS_COLUMNS
+                .iter()
+                .find(|(_, v, _)| *v == version)
+                .map(|(_, _, what)| what)
+            else {
+                continue;
+            };
+            if !absent.is_empty() {
+                missing.push(format!(
+                    "columns {} of {table}_queues ({what}, table migration {version}: \
+                     commit table_migration_sql(table, {version}) as a migration of your own)",
+                    absent.join(", ")
+                ));
+            }
         }
     }
     if !facts.id_has_sequence {
@@ -205,7 +228,8 @@ mod tests {
                 20261201000001,
                 20261202000001,
                 20261204000001,
-                20261205000001
+                20261205000001,
+                20261206000001
             ]
         );
     }

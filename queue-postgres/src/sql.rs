@@ -32,6 +32,7 @@ pub(crate) const ENQUEUE_IDS: Template = template!("enqueue_ids.sql");
 pub(crate) const ENQUEUE_COPY: Template = template!("enqueue_copy.sql");
 pub(crate) const NOTIFY: Template = template!("notify.sql");
 pub(crate) const CLAIM: Template = template!("claim.sql");
+pub(crate) const CLAIM_DUE: Template = template!("claim_due.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
 pub(crate) const CLAIM_LIMITED: Template = template!("claim_limited.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
@@ -72,7 +73,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 5] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 6] = [
     (
         20261130000001,
         "queue jobs",
@@ -113,6 +114,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 5] = [
             text: include_str!("../migrations/20261205000001_queue_limits.sql"),
         },
     ),
+    (
+        20261206000001,
+        "partitions",
+        Template {
+            name: "20261206000001_partitions.sql",
+            text: include_str!("../migrations/20261206000001_partitions.sql"),
+        },
+    ),
 ];
 
 /// The names of a queue table's columns.
@@ -133,6 +142,7 @@ pub(crate) mod col {
     pub(crate) const CLAIM_TOKEN: &str = "claim_token";
     pub(crate) const LAST_ERROR: &str = "last_error";
     pub(crate) const UNIQUE_KEY: &str = "unique_key";
+    pub(crate) const PARTITION_KEY: &str = "partition_key";
     pub(crate) const CREATED_AT: &str = "created_at";
     pub(crate) const UPDATED_AT: &str = "updated_at";
     pub(crate) const FINISHED_AT: &str = "finished_at";
@@ -143,7 +153,7 @@ pub(crate) mod col {
 /// The columns of a queue table with the type `format_type` reports: what `get.sql` selects,
 /// what the schema check requires, and what a job's row is read from. Adding a column is an
 /// entry here (and its field in the record), and a migration.
-pub(crate) const COLUMNS: [(&str, &str); 21] = [
+pub(crate) const COLUMNS: [(&str, &str); 22] = [
     (col::ID, "bigint"),
     (col::QUEUE, "text"),
     (col::STATUS, "text"),
@@ -165,6 +175,7 @@ pub(crate) const COLUMNS: [(&str, &str); 21] = [
     (col::FINISHED_AT, "timestamp with time zone"),
     (col::CLAIMED_BY, "text"),
     (col::ERRORS, "jsonb"),
+    (col::PARTITION_KEY, "text"),
 ];
 
 /// Replaces every `{{name}}` of `template` by its value; a token left over (a name without a
@@ -226,11 +237,17 @@ pub(crate) fn for_table_with(
 /// What keeps `claim.sql` (and `finalize_claim.sql`) from a queue besides a pause: limits,
 /// which only `claim_limited.sql` applies.
 /// (A rate is a number of starts and a window: both, or it is not one.)
-const LIMITED_GUARD: &str =
-    "OR c.max_in_flight IS NOT NULL OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)";
+const LIMITED_GUARD: &str = "OR c.max_in_flight IS NOT NULL \
+     OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL) \
+     OR c.max_per_partition IS NOT NULL";
 
-/// The claims' picks: `claim_picks.sql` for `table`, picking `due_batch` pending jobs and
-/// taking `batch` of all it picked, kept from a queue by `guard` as well as by a pause.
+/// How many of a partition-limited queue's earliest due jobs `claim_limited.sql` reads to find
+/// jobs without a partition key among them (`docs/operations.md`: give every job of such a
+/// queue a partition key).
+pub(crate) const LOOSE_READ_AHEAD: usize = 1_000;
+
+/// The claims' picks: `claim_due.sql` picking `due_batch` pending jobs, and `claim_picks.sql`
+/// taking `batch` of all it picked, both kept from a queue by `guard` as well as by a pause.
 struct Picks<'a> {
     due_batch: &'a str,
     batch: &'a str,
@@ -244,47 +261,71 @@ const PLAIN_PICKS: Picks<'static> = Picks {
     guard: LIMITED_GUARD,
 };
 
-fn claim_picks(table: &TableName, picks: &Picks<'_>) -> Result<String, PgError> {
-    for_table_with(
-        CLAIM_PICKS,
+/// `claim_due.sql` and `claim_picks.sql` for `table`, rendered for `picks`.
+fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String), PgError> {
+    let due = for_table_with(
+        CLAIM_DUE,
         table,
         &[
             ("due_batch", picks.due_batch),
-            ("batch", picks.batch),
             ("limited_guard", picks.guard),
         ],
-    )
+    )?;
+    let rest = for_table_with(
+        CLAIM_PICKS,
+        table,
+        &[("batch", picks.batch), ("limited_guard", picks.guard)],
+    )?;
+    Ok((due, rest))
 }
 
-/// `claim.sql` for `table`, with `claim_picks.sql` rendered in.
+/// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let picks = claim_picks(table, &PLAIN_PICKS)?;
-    for_table_with(CLAIM, table, &[("claim_picks", &picks)])
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS)?;
+    for_table_with(CLAIM, table, &[("claim_due", &due), ("claim_picks", &picks)])
 }
 
-/// `claim_limited.sql` for `table`: `claim_picks.sql` within the quota, on limited queues too.
+/// `claim_limited.sql` for `table`: the picks within the quota, on limited queues too; the due
+/// pick is `claim_due.sql`'s only for a queue without a limit per partition.
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let quota = Picks {
-        due_batch: "(SELECT new_jobs FROM quota)",
+        due_batch: "(SELECT CASE WHEN per_partition IS NULL THEN new_jobs ELSE 0 END FROM quota)",
         batch: "(SELECT all_jobs FROM quota)",
         guard: "",
     };
-    let picks = claim_picks(table, &quota)?;
-    for_table_with(CLAIM_LIMITED, table, &[("claim_picks", &picks)])
+    let (due, picks) = claim_parts(table, &quota)?;
+    let read_ahead = LOOSE_READ_AHEAD.to_string();
+    let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
+    for_table_with(
+        CLAIM_LIMITED,
+        table,
+        &[
+            ("claim_due", &due),
+            ("claim_picks", &picks),
+            ("loose_read_ahead", &read_ahead),
+            ("max_visits", &max_visits),
+        ],
+    )
 }
 
 /// The parameters of `finalize.sql` that `finalize_claim.sql` puts before the claim's.
 pub(crate) const FINALIZE_PARAMS: usize = 10;
 
-/// `finalize_claim.sql` for `table`: `finalize.sql`, then `claim_picks.sql` with its
-/// parameters numbered after finalize's.
+/// `finalize_claim.sql` for `table`: `finalize.sql`, then `claim_due.sql` and
+/// `claim_picks.sql` with their parameters numbered after finalize's.
 pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
     let finalize = for_table(FINALIZE, table)?;
-    let picks = shift_params(&claim_picks(table, &PLAIN_PICKS)?, FINALIZE_PARAMS);
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS)?;
+    let due = shift_params(&due, FINALIZE_PARAMS);
+    let picks = shift_params(&picks, FINALIZE_PARAMS);
     for_table_with(
         FINALIZE_CLAIM,
         table,
-        &[("finalize", &finalize), ("claim_picks", &picks)],
+        &[
+            ("finalize", &finalize),
+            ("claim_due", &due),
+            ("claim_picks", &picks),
+        ],
     )
 }
 
@@ -507,7 +548,8 @@ mod tests {
         let table = TableName::default();
         let fused = squash(&finalize_claim(&table).unwrap());
         assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
-        let picks = squash(&claim_picks(&table, &PLAIN_PICKS).unwrap());
+        let (due, picks) = claim_parts(&table, &PLAIN_PICKS).unwrap();
+        assert!(fused.contains(&squash(&shift_params(&due, FINALIZE_PARAMS))));
         assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
         assert!(fused.contains("queue = $11 AND status = 'pending'"));
         assert!(fused.contains("AND id <> ALL($17::bigint[])"));

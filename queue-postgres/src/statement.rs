@@ -98,6 +98,7 @@ pub(crate) async fn enqueue<D: Driver>(
             &c.run_ats,
             &c.delays,
             target.channel,
+            &c.partitions,
         );
         D::query(conn, &sql.enqueue_plain, &params).await?
     } else {
@@ -113,6 +114,7 @@ pub(crate) async fn enqueue<D: Driver>(
             &c.held_while,
             &c.held_for,
             &c.replaces,
+            &c.partitions,
         );
         D::query(conn, &sql.enqueue, &params).await?
     };
@@ -564,6 +566,7 @@ pub(crate) fn queue_limits<D: Driver>(row: &D::Row) -> Result<QueueLimits, PgErr
         get::<D, Option<i32>>(row, "max_in_flight")?.map(i64::from),
         get::<D, Option<i32>>(row, "rate_starts")?.map(i64::from),
         get::<D, Option<i64>>(row, "rate_per_ms")?,
+        get::<D, Option<i32>>(row, "max_per_partition")?.map(i64::from),
     ))
 }
 
@@ -579,7 +582,10 @@ pub(crate) async fn set_limits<D: Driver>(
         .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
     let starts = limits.rate.map(|r| r.starts() as i32);
     let per_ms = limits.rate.map(|r| r.per().as_millis() as i64);
-    let params = (queue.as_str(), max_in_flight, starts, per_ms);
+    let per_partition = limits
+        .max_per_partition
+        .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+    let params = (queue.as_str(), max_in_flight, starts, per_ms, per_partition);
     let rows = D::query(conn, &sql.set_limits, &params).await?;
     let row = rows.first().ok_or(PgError::NoRow {
         statement: "set_limits.sql",
@@ -724,6 +730,7 @@ fn job_record<D: Driver>(row: &D::Row) -> Result<JobRecord, PgError> {
         claim_token: ClaimToken(get::<D, _>(row, col::CLAIM_TOKEN)?),
         last_error: get::<D, _>(row, col::LAST_ERROR)?,
         unique_key: get::<D, _>(row, col::UNIQUE_KEY)?,
+        partition_key: get::<D, _>(row, col::PARTITION_KEY)?,
         claimed_by: get::<D, _>(row, col::CLAIMED_BY)?,
         errors: error_history(id, get::<D, Value>(row, col::ERRORS)?)?,
         created_at: get::<D, _>(row, col::CREATED_AT)?,

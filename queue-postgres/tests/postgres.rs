@@ -1717,6 +1717,7 @@ fn worker_processes_never_exceed_the_queue_limit() {
         let limits = QueueLimits {
             max_in_flight: Some(3),
             rate: None,
+            max_per_partition: None,
         };
         queue.set_limits(limits).await.unwrap();
         let jobs = (0..JOBS).map(|n| NewJob::from_value(json!({ "n": n })));

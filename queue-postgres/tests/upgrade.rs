@@ -109,7 +109,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
             .unwrap();
     assert!(report.columns_added);
     assert_eq!(report.rows_stamped, 1, "the completed row gets finished_at");
-    assert_eq!(report.indexes_built.len(), 6, "{report:?}");
+    assert_eq!(report.indexes_built.len(), 7, "{report:?}");
     assert_eq!(report.indexes_retired, ["invoice_jobs_stuck"]);
     seen.dedup();
     assert_eq!(

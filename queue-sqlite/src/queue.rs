@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use queue_core::partition::PartitionWalk;
 use queue_core::{
     Backend, BackendTx, CANCELLED_BY_OPERATOR, CancelTarget, Claim, ClaimBatch, ClaimGeneration,
     ClaimRequest, ClaimRoom, ClaimToken, ClaimedJob, Enqueued, ErrorEntry, Finalize,
@@ -243,11 +244,113 @@ struct Sql {
     control: String,
     set_limits: String,
     quota: String,
+    /// The partitions' statements (see `queue_core::partition`).
+    partitions: PartitionSql,
     log_starts: String,
     queues: String,
     throughput: String,
     record_stale: String,
     note_served: String,
+}
+
+/// The statements of a claim of a queue with a limit per partition, each a bounded read of an
+/// index: the in-flight jobs per partition; a probe for the first partition key in a range
+/// (`[lower][upper]`: with a key strictly below it, with a key it must not pass); a partition's
+/// earliest due jobs; the due jobs without a partition among the queue's earliest; the cursor.
+struct PartitionSql {
+    held: String,
+    probe: [[String; 2]; 2],
+    offers: String,
+    loose: String,
+    set_cursor: String,
+}
+
+impl PartitionSql {
+    fn new(table: &TableName, t: &str, q: &str, now: &str) -> Self {
+        let probe = |lower: bool, upper: bool| {
+            format!(
+                "SELECT partition_key, next_attempt_at <= {now} AS due
+                 FROM {t} INDEXED BY \"{table}_partition_idx\"
+                 WHERE queue = ?1 AND status = 'pending' AND partition_key IS NOT NULL
+                   {} {}
+                 ORDER BY partition_key, next_attempt_at LIMIT 1",
+                if lower { "AND partition_key > ?2" } else { "" },
+                if upper { "AND partition_key <= ?3" } else { "" },
+            )
+        };
+        PartitionSql {
+            held: format!(
+                "SELECT partition_key, count(*) AS n FROM {t} INDEXED BY \"{table}_expiry_idx\"
+                 WHERE queue = ?1 AND status = 'in_flight' AND partition_key IS NOT NULL
+                 GROUP BY partition_key"
+            ),
+            probe: [
+                [probe(false, false), probe(false, true)],
+                [probe(true, false), probe(true, true)],
+            ],
+            offers: format!(
+                "SELECT id, next_attempt_at, priority, reclaims,
+                        cancel_requested_at IS NOT NULL AS cancel_requested
+                 FROM {t} INDEXED BY \"{table}_partition_idx\"
+                 WHERE queue = ?1 AND status = 'pending' AND partition_key = ?2
+                   AND next_attempt_at <= {now}
+                 ORDER BY next_attempt_at, priority, id LIMIT ?3"
+            ),
+            loose: format!(
+                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested FROM (
+                     SELECT id, next_attempt_at, priority, reclaims, partition_key,
+                            cancel_requested_at IS NOT NULL AS cancel_requested
+                     FROM {t} INDEXED BY \"{table}_due_idx\"
+                     WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
+                     ORDER BY next_attempt_at, priority, id LIMIT {read_ahead})
+                 WHERE partition_key IS NULL
+                 ORDER BY next_attempt_at, priority, id LIMIT ?2",
+                read_ahead = LOOSE_READ_AHEAD
+            ),
+            set_cursor: format!(
+                "UPDATE {q} SET partition_cursor = ?2 WHERE queue = ?1
+                   AND partition_cursor IS NOT ?2"
+            ),
+        }
+    }
+}
+
+/// How many of a partition-limited queue's earliest due jobs a claim reads to find the jobs
+/// without a partition key among them (as on PostgreSQL; `docs/operations.md`).
+const LOOSE_READ_AHEAD: usize = 1_000;
+
+/// A job a claim may take: its place in claim order, and what the claim reports of it.
+#[derive(Debug, Clone, Copy)]
+struct Pick {
+    due: f64,
+    priority: i64,
+    id: i64,
+    reclaims: i64,
+    expired: bool,
+    cancel_requested: bool,
+}
+
+impl Pick {
+    /// The pick in `row`, whose claim order is in the columns `due` and `priority`.
+    fn of(row: &SqliteRow, expired: bool, due: &str, priority: &str) -> Result<Self, SqliteError> {
+        let db = SqliteError::Database;
+        Ok(Pick {
+            due: row.try_get(due).map_err(db)?,
+            priority: row.try_get(priority).map_err(db)?,
+            id: row.try_get("id").map_err(db)?,
+            reclaims: row.try_get("reclaims").map_err(db)?,
+            expired,
+            cancel_requested: row.try_get("cancel_requested").map_err(db)?,
+        })
+    }
+
+    /// Claim order: due time, priority, id.
+    fn cmp(a: &Pick, b: &Pick) -> std::cmp::Ordering {
+        a.due
+            .total_cmp(&b.due)
+            .then(a.priority.cmp(&b.priority))
+            .then(a.id.cmp(&b.id))
+    }
 }
 
 fn select_columns() -> String {
@@ -262,9 +365,10 @@ impl Sql {
         let now = "unixepoch('subsec')";
         Sql {
             insert: format!(
-                "INSERT INTO {t} (queue, payload, priority, next_attempt_at, unique_key, created_at, updated_at)
+                "INSERT INTO {t} (queue, payload, priority, next_attempt_at, unique_key, partition_key,
+                                 created_at, updated_at)
                  VALUES (?1, ?2, ?3, CASE WHEN ?4 IS NOT NULL THEN ?4 ELSE {now} + coalesce(?5, 0) END,
-                         ?6, {now}, {now})
+                         ?6, ?7, {now}, {now})
                  ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
                  RETURNING id"
             ),
@@ -290,7 +394,8 @@ impl Sql {
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
             pick: format!(
-                "SELECT id, reclaims, expired, cancel_requested FROM (
+                "SELECT id, reclaims, expired, cancel_requested,
+                        next_attempt_at + 0 AS pick_due, priority + 0 AS pick_priority FROM (
                      SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
@@ -404,23 +509,26 @@ impl Sql {
                  VALUES (?1, CASE WHEN ?2 THEN {now} END, {now})
                  ON CONFLICT (queue) DO UPDATE
                  SET paused_at = CASE WHEN ?2 THEN coalesce(paused_at, {now}) END, updated_at = {now}
-                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms"
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition"
             ),
             control: format!(
-                "SELECT paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms
+                "SELECT paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms,
+                        max_per_partition
                  FROM {q} WHERE queue = ?1"
             ),
+            partitions: PartitionSql::new(table, &t, &q, now),
             set_limits: format!(
-                "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, {now})
+                "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, {now})
                  ON CONFLICT (queue) DO UPDATE
-                 SET max_in_flight = ?2, rate_starts = ?3, rate_per_ms = ?4, updated_at = {now}
-                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms"
+                 SET max_in_flight = ?2, rate_starts = ?3, rate_per_ms = ?4, max_per_partition = ?5,
+                     updated_at = {now}
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition"
             ),
             // A limited queue's counts, read inside the claim's write transaction: jobs with a
             // live lease, and claims within the rate's window ([epoch ms, jobs] pairs).
             quota: format!(
-                "SELECT max_in_flight, rate_starts, rate_per_ms,
+                "SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition, partition_cursor,
                         (SELECT count(*) FROM {t} INDEXED BY \"{table}_expiry_idx\"
                          WHERE queue = ?1 AND status = 'in_flight') AS in_flight,
                         (SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
@@ -428,7 +536,8 @@ impl Sql {
                          WHERE json_extract(e.value, '$[0]') > {now} * 1000 - c.rate_per_ms) AS started
                  FROM {q} AS c
                  WHERE queue = ?1
-                   AND (max_in_flight IS NOT NULL OR (rate_starts IS NOT NULL AND rate_per_ms IS NOT NULL))"
+                   AND (max_in_flight IS NOT NULL OR (rate_starts IS NOT NULL AND rate_per_ms IS NOT NULL)
+                        OR max_per_partition IS NOT NULL)"
             ),
             // A rate-limited queue's claim of ?2 jobs: the log keeps the window's claims and
             // this one.
@@ -567,6 +676,7 @@ fn record(row: &SqliteRow) -> Result<JobRecord, SqliteError> {
         claim_token: ClaimToken(row.try_get("claim_token").map_err(db)?),
         last_error: row.try_get("last_error").map_err(db)?,
         unique_key: row.try_get("unique_key").map_err(db)?,
+        partition_key: row.try_get("partition_key").map_err(db)?,
         created_at: instant(id, f("created_at")?)?,
         updated_at: instant(id, f("updated_at")?)?,
         finished_at: optional_instant(id, of("finished_at")?)?,
@@ -595,6 +705,7 @@ fn queue_limits(row: &SqliteRow) -> Result<QueueLimits, SqliteError> {
         row.try_get("max_in_flight").map_err(db)?,
         row.try_get("rate_starts").map_err(db)?,
         row.try_get("rate_per_ms").map_err(db)?,
+        row.try_get("max_per_partition").map_err(db)?,
     ))
 }
 
@@ -850,6 +961,7 @@ impl SqliteQueue {
                 .bind(at)
                 .bind(delay)
                 .bind(job.unique_key.as_deref())
+                .bind(job.partition_key.as_deref())
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -894,52 +1006,68 @@ impl SqliteQueue {
             .await
             .map_err(|e| self.err(e))?;
         let batch = request.batch_size.max(1);
-        let (room, rate_limited) = match quota {
+        let db = SqliteError::Database;
+        let (room, limits, cursor) = match quota {
             None => (
                 ClaimRoom {
                     all: batch,
                     new: batch,
                 },
-                false,
+                QueueLimits::NONE,
+                None,
             ),
             Some(row) => {
                 let limits = queue_limits(&row)?;
-                let in_flight: i64 = row.try_get("in_flight").map_err(SqliteError::Database)?;
-                let started: i64 = row.try_get("started").map_err(SqliteError::Database)?;
+                let in_flight: i64 = row.try_get("in_flight").map_err(db)?;
+                let started: i64 = row.try_get("started").map_err(db)?;
+                let cursor: Option<String> = row.try_get("partition_cursor").map_err(db)?;
                 let room = limits.room(batch, in_flight.max(0) as u64, started.max(0) as u64);
-                (room, limits.rate.is_some())
+                (room, limits, cursor)
             }
         };
         if room.all == 0 {
             tx.rollback_now().await;
             return Ok(ClaimBatch::default());
         }
-        let picked = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
+        // With a limit per partition, the due jobs come from the partitions' walk; the pick
+        // then gives the expired leases only.
+        let partitioned = match limits.max_per_partition {
+            Some(per) => Some(self.partition_picks(&mut tx, per, room.new, cursor).await?),
+            None => None,
+        };
+        let due_in_pick = if partitioned.is_some() { 0 } else { room.new };
+        let rows = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
             .bind(self.queue_str())
             .bind(i64::from(room.all))
-            .bind(i64::from(room.new))
+            .bind(i64::from(due_in_pick))
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
+        let mut picked = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let expired: bool = row.try_get("expired").map_err(db)?;
+            // The claim order comes under other names: selected as they are, they would let
+            // SQLite sort each pick before merging them instead of sorting the merge once.
+            picked.push(Pick::of(row, expired, "pick_due", "pick_priority")?);
+        }
+        if let Some((due, _, _)) = &partitioned {
+            picked.extend(due.iter().copied());
+            picked.sort_by(Pick::cmp);
+            picked.truncate(room.all as usize);
+        }
         if picked.is_empty() {
-            tx.rollback_now().await;
+            if let Some((_, walk, _)) = &partitioned {
+                self.move_cursor(&mut tx, walk, |_| false).await?;
+                tx.commit_now().await?;
+            } else {
+                tx.rollback_now().await;
+            }
             return Ok(ClaimBatch::default());
         }
-        let db = SqliteError::Database;
-        let mut order = Vec::with_capacity(picked.len());
-        let mut expired = Vec::new();
-        let mut flags = std::collections::HashMap::new();
-        for row in &picked {
-            let id: i64 = row.try_get("id").map_err(db)?;
-            let was_expired: bool = row.try_get("expired").map_err(db)?;
-            let reclaims: i64 = row.try_get("reclaims").map_err(db)?;
-            let cancel: bool = row.try_get("cancel_requested").map_err(db)?;
-            if was_expired {
-                expired.push(id);
-            }
-            order.push(id);
-            flags.insert(id, (was_expired, reclaims, cancel));
-        }
+        let order: Vec<i64> = picked.iter().map(|p| p.id).collect();
+        let expired: Vec<i64> = picked.iter().filter(|p| p.expired).map(|p| p.id).collect();
+        let flags: std::collections::HashMap<i64, Pick> =
+            picked.iter().map(|p| (p.id, *p)).collect();
         let json = |ids: &[i64]| Value::from(ids.to_vec()).to_string();
         let rows = sqlx::query(AssertSqlSafe(sql.claim.as_str()))
             .bind(json(&order))
@@ -955,8 +1083,9 @@ impl SqliteQueue {
         let mut jobs = Vec::with_capacity(rows.len());
         for row in &rows {
             let id: i64 = row.try_get("id").map_err(db)?;
-            let (taken_over, reclaims_before, cancel_requested) =
-                flags.get(&id).copied().unwrap_or((false, 0, false));
+            let pick = flags.get(&id);
+            let taken_over = pick.is_some_and(|p| p.expired);
+            let reclaims_before = pick.map_or(0, |p| p.reclaims);
             let payload_text: String = row.try_get("payload").map_err(db)?;
             let payload =
                 serde_json::from_str(&payload_text).map_err(|_| SqliteError::Corrupt {
@@ -971,14 +1100,14 @@ impl SqliteQueue {
                 reclaims: narrow(id, "reclaims", row.try_get("reclaims").map_err(db)?)?,
                 taken_over,
                 over_reclaim_cap: taken_over && reclaims_before >= i64::from(request.max_reclaims),
-                cancel_requested,
+                cancel_requested: pick.is_some_and(|p| p.cancel_requested),
                 claimed_at: instant(id, row.try_get("claimed_at").map_err(db)?)?,
                 due_at: instant(id, row.try_get("next_attempt_at").map_err(db)?)?,
                 priority: narrow(id, "priority", row.try_get("priority").map_err(db)?)?,
                 payload,
             });
         }
-        if rate_limited && !jobs.is_empty() {
+        if limits.rate.is_some() && !jobs.is_empty() {
             sqlx::query(AssertSqlSafe(sql.log_starts.as_str()))
                 .bind(self.queue_str())
                 .bind(jobs.len() as i64)
@@ -986,11 +1115,109 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
         }
+        if let Some((_, walk, keys)) = &partitioned {
+            let taken: std::collections::HashSet<&str> = jobs
+                .iter()
+                .filter_map(|job| keys.get(&job.id.0).map(String::as_str))
+                .collect();
+            self.move_cursor(&mut tx, walk, |key| taken.contains(key))
+                .await?;
+        }
         tx.commit_now().await?;
         let position: std::collections::HashMap<i64, usize> =
             order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         jobs.sort_by_key(|j| position.get(&j.id.0).copied().unwrap_or(usize::MAX));
         Ok(ClaimBatch { jobs })
+    }
+
+    /// The due jobs a claim of a queue limited to `per` in flight per partition may take, at
+    /// most `wanted`, in claim order: those without a partition among the queue's earliest, and
+    /// the offers of the partitions a [`PartitionWalk`] visits (`queue_core::partition`); the
+    /// walk, for the cursor; and the partition of each offered job.
+    async fn partition_picks(
+        &self,
+        tx: &mut SqliteTx,
+        per: u32,
+        wanted: u32,
+        cursor: Option<String>,
+    ) -> Result<(Vec<Pick>, PartitionWalk, std::collections::HashMap<i64, String>), SqliteError>
+    {
+        let sql = &self.inner.sql.partitions;
+        let queue = self.queue_str();
+        let db = SqliteError::Database;
+        let mut offered = std::collections::HashMap::new();
+        let mut picks = Vec::new();
+        let mut walk = PartitionWalk::new(cursor, per, wanted);
+        if wanted == 0 {
+            return Ok((picks, walk, offered));
+        }
+        let held: std::collections::HashMap<String, i64> =
+            sqlx::query_as(AssertSqlSafe(sql.held.as_str()))
+                .bind(queue)
+                .fetch_all(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?
+                .into_iter()
+                .collect();
+        while let Some(probe) = walk.probe() {
+            let statement = &sql.probe[usize::from(probe.after.is_some())]
+                [usize::from(probe.up_to.is_some())];
+            let found: Option<(String, bool)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
+                .bind(queue)
+                .bind(probe.after)
+                .bind(probe.up_to)
+                .fetch_optional(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+            let found = found.map(|(key, due)| {
+                let in_flight = held.get(&key).copied().unwrap_or(0).max(0) as u64;
+                (key, due, in_flight)
+            });
+            walk.found(found);
+        }
+        for visit in walk.visits().iter().filter(|v| v.room > 0) {
+            let rows = sqlx::query(AssertSqlSafe(sql.offers.as_str()))
+                .bind(queue)
+                .bind(&visit.key)
+                .bind(i64::from(visit.room.min(wanted)))
+                .fetch_all(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+            for row in &rows {
+                let pick = Pick::of(row, false, "next_attempt_at", "priority")?;
+                offered.insert(pick.id, visit.key.clone());
+                picks.push(pick);
+            }
+        }
+        let rows = sqlx::query(AssertSqlSafe(sql.loose.as_str()))
+            .bind(queue)
+            .bind(i64::from(wanted))
+            .fetch_all(tx.conn())
+            .await
+            .map_err(db)?;
+        for row in &rows {
+            picks.push(Pick::of(row, false, "next_attempt_at", "priority")?);
+        }
+        picks.sort_by(Pick::cmp);
+        picks.truncate(wanted as usize);
+        Ok((picks, walk, offered))
+    }
+
+    /// Stores the queue's partition cursor after a claim whose walk was `walk`.
+    async fn move_cursor(
+        &self,
+        tx: &mut SqliteTx,
+        walk: &PartitionWalk,
+        taken: impl Fn(&str) -> bool,
+    ) -> Result<(), SqliteError> {
+        let cursor = walk.cursor_after(taken);
+        sqlx::query(AssertSqlSafe(self.inner.sql.partitions.set_cursor.as_str()))
+            .bind(self.queue_str())
+            .bind(cursor)
+            .execute(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// The status job `id` of this queue is in now, on `conn` (`None`: no such job): what a
@@ -1426,6 +1653,7 @@ impl queue_core::Admin for SqliteQueue {
             .bind(limits.max_in_flight.map(i64::from))
             .bind(limits.rate.map(|r| i64::from(r.starts())))
             .bind(limits.rate.map(|r| r.per().as_millis() as i64))
+            .bind(limits.max_per_partition.map(i64::from))
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;

@@ -73,7 +73,7 @@ impl fmt::Display for TableName {
 /// The name of the table in which the framework records its own migrations.
 pub const MIGRATIONS_TABLE: &str = "_queue_framework_migrations";
 
-const TABLE_MIGRATIONS: [(i64, &str, &str); 2] = [
+const TABLE_MIGRATIONS: [(i64, &str, &str); 3] = [
     (
         20261203000001,
         "queue jobs",
@@ -83,6 +83,11 @@ const TABLE_MIGRATIONS: [(i64, &str, &str); 2] = [
         20261205000001,
         "queue limits",
         include_str!("../migrations/20261205000001_queue_limits.sql"),
+    ),
+    (
+        20261206000001,
+        "partitions",
+        include_str!("../migrations/20261206000001_partitions.sql"),
     ),
 ];
 
@@ -168,7 +173,7 @@ pub async fn run_migrator(migrator: &Migrator, pool: &SqlitePool) -> Result<(), 
 
 /// The columns of a queue table and their declared types: what `get` selects and the schema
 /// check requires.
-pub(crate) const COLUMNS: [(&str, &str); 20] = [
+pub(crate) const COLUMNS: [(&str, &str); 21] = [
     ("id", "INTEGER"),
     ("queue", "TEXT"),
     ("status", "TEXT"),
@@ -189,14 +194,16 @@ pub(crate) const COLUMNS: [(&str, &str); 20] = [
     ("finished_at", "REAL"),
     ("claimed_by", "TEXT"),
     ("errors", "TEXT"),
+    ("partition_key", "TEXT"),
 ];
 
-const REQUIRED_INDEXES: [&str; 5] = [
+const REQUIRED_INDEXES: [&str; 6] = [
     "due_idx",
     "expiry_idx",
     "unique_idx",
     "finished_idx",
     "failed_idx",
+    "partition_idx",
 ];
 
 /// Refuses, naming what is missing, a table that is not on the lease schema.
@@ -282,15 +289,28 @@ pub(crate) async fn check(
             .fetch_all(pool)
             .await
             .map_err(err)?;
-        let absent: Vec<&str> = ["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"]
-            .into_iter()
-            .filter(|name| !names.iter().any(|n| n == name))
-            .collect();
-        if !absent.is_empty() {
-            missing.push(format!(
-                "columns {} of {table}_queues (queue limits, migration 20261205000001)",
-                absent.join(", ")
-            ));
+        let wanted: [(&str, &[&str]); 2] = [
+            (
+                "queue limits, migration 20261205000001",
+                &["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"],
+            ),
+            (
+                "partitions, migration 20261206000001",
+                &["max_per_partition", "partition_cursor"],
+            ),
+        ];
+        for (what, columns) in wanted {
+            let absent: Vec<&str> = columns
+                .iter()
+                .copied()
+                .filter(|name| !names.iter().any(|n| n == name))
+                .collect();
+            if !absent.is_empty() {
+                missing.push(format!(
+                    "columns {} of {table}_queues ({what})",
+                    absent.join(", ")
+                ));
+            }
         }
     }
     if missing.is_empty() {

@@ -449,6 +449,7 @@ async fn queue_command(
             let limits = queue_core::QueueLimits {
                 max_in_flight: *max_in_flight,
                 rate: *rate,
+                max_per_partition: None,
             };
             let control = queue.set_limits(limits).await?;
             out.done(

@@ -270,6 +270,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     let mail_limits = queue_core::QueueLimits {
         max_in_flight: Some(4),
         rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+        max_per_partition: None,
     };
     Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap())
         .set_limits(mail_limits)

@@ -257,6 +257,7 @@ impl Options {
         queue_core::QueueLimits {
             max_in_flight: self.limit_in_flight,
             rate: self.limit_rate,
+            max_per_partition: None,
         }
     }
 }

@@ -17,7 +17,9 @@ pub async fn place_order(pool: &PgPool, queue: &PgQueue, email: &str) -> Result<
         order_id,
         email: email.to_owned(),
     };
-    let job = NewJob::new(&receipt)?.unique_key(format!("receipt-{order_id}"));
+    let job = NewJob::new(&receipt)?
+        .unique_key(format!("receipt-{order_id}"))
+        .partition_key(recipient_domain(email));
     // Any `&mut PgConnection` works: here, the order's own transaction.
     queue.enqueue_with(&mut tx, vec![job]).await?;
     tx.commit().await?; // the NOTIFY that wakes idle workers is delivered now
@@ -66,6 +68,23 @@ pub async fn resend_receipt<B: Backend>(
     let job = NewJob::new(&receipt)?
         .unique_key(format!("resend-{order_id}"))
         .unique_while(&UniqueScope::UNFINISHED)
-        .replace_pending();
+        .replace_pending()
+        .partition_key(recipient_domain(email));
     Ok(queue.enqueue(job).await?)
+}
+
+/// A receipt's partition: the recipient's mail domain, lowercased (the queue lets at most so
+/// many mails at once go to one domain, `crate::limits`). A partition key is at most 200 bytes
+/// (`queue_core::limits::MAX_PARTITION_KEY_BYTES`); a domain is at most 253.
+pub fn recipient_domain(email: &str) -> String {
+    let domain = email.rsplit_once('@').map_or("", |(_, domain)| domain);
+    let mut key: String = domain.to_lowercase();
+    while key.len() > queue_core::limits::MAX_PARTITION_KEY_BYTES {
+        key.pop();
+    }
+    if key.is_empty() {
+        "no-domain".to_owned()
+    } else {
+        key
+    }
 }

@@ -121,6 +121,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         ),
         include_str!("../migrations/20260301000005_receipt_jobs_claim_token.sql"),
         include_str!("../migrations/20260301000006_receipt_jobs_queue_limits.sql"),
+        include_str!("../migrations/20260301000007_receipt_jobs_partitions.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();
@@ -240,6 +241,7 @@ async fn the_mail_servers_limits_hold_for_every_worker() -> Result<(), BoxError>
     }
     let control = crate::limits::apply(&queue).await?;
     assert_eq!(control.limits.max_in_flight, Some(10));
+    assert_eq!(control.limits.max_per_partition, Some(2));
     let request = || ClaimRequest::new(25, Lease::DEFAULT);
     let (one, other) = (queue.clone(), queue.clone());
     let (a, b) = tokio::join!(one.claim(request()), other.claim(request()));
@@ -248,5 +250,36 @@ async fn the_mail_servers_limits_hold_for_every_worker() -> Result<(), BoxError>
         10,
         "10 at once, however many claim"
     );
+    Ok(())
+}
+
+/// A burst of receipts to one domain takes two slots at a time; the other domains' receipts run
+/// beside it instead of waiting behind it.
+#[tokio::test]
+async fn one_domains_burst_does_not_hold_back_the_others() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    crate::limits::apply(&queue).await?;
+    for n in 0..20 {
+        crate::orders::resend_receipt(&queue, n, "buyer@Big.example").await?;
+    }
+    crate::orders::resend_receipt(&queue, 100, "ada@small.example").await?;
+    crate::orders::resend_receipt(&queue, 101, "bob@other.example").await?;
+    let jobs = queue.claim(ClaimRequest::new(10, Lease::DEFAULT)).await?.jobs;
+    let mut domains = Vec::new();
+    for job in &jobs {
+        domains.push(queue.get(job.id).await?.and_then(|j| j.partition_key));
+    }
+    domains.sort();
+    assert_eq!(
+        domains,
+        [
+            Some("big.example".to_owned()),
+            Some("big.example".to_owned()),
+            Some("other.example".to_owned()),
+            Some("small.example".to_owned()),
+        ],
+        "two of the burst, and the receipt of each other domain"
+    );
+    assert_eq!(crate::orders::recipient_domain("no at sign"), "no-domain");
     Ok(())
 }

@@ -17,6 +17,7 @@ fn max_in_flight(n: u32) -> QueueLimits {
     QueueLimits {
         max_in_flight: Some(n),
         rate: None,
+        max_per_partition: None,
     }
 }
 
@@ -24,6 +25,7 @@ fn rate(starts: u32, per: Duration) -> QueueLimits {
     QueueLimits {
         max_in_flight: None,
         rate: Some(RateLimit::new(starts, per).unwrap()),
+        max_per_partition: None,
     }
 }
 
@@ -45,6 +47,7 @@ cases! {
         let both = QueueLimits {
             max_in_flight: Some(8),
             rate: Some(RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+            max_per_partition: None,
         };
         assert_eq!(b.set_limits(both).await.unwrap().limits, both);
         assert_eq!(b.control().await.unwrap().limits, both);

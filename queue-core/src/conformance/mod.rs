@@ -13,7 +13,7 @@
 //! extending this suite, not adding a backend-only test.
 //!
 //! The cases live by topic ([`lease`], [`fence`], [`enqueue`], [`hooks`], [`worker`],
-//! [`admin`], [`scheduling`], [`unique`], [`limits`]); each is
+//! [`admin`], [`scheduling`], [`unique`], [`limits`], [`partitions`]); each is
 //! declared once, inside its topic's `cases!` block, which both defines it and registers it
 //! with [`conformance_suite!`](crate::conformance_suite).
 
@@ -63,6 +63,7 @@ pub mod fence;
 pub mod hooks;
 pub mod lease;
 pub mod limits;
+pub mod partitions;
 pub mod scheduling;
 pub mod unique;
 pub mod worker;
@@ -73,6 +74,7 @@ pub use fence::*;
 pub use hooks::*;
 pub use lease::*;
 pub use limits::*;
+pub use partitions::*;
 pub use scheduling::*;
 pub use unique::*;
 pub use worker::*;
@@ -90,6 +92,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_scheduling!($harness);
         $crate::__conformance_unique!($harness);
         $crate::__conformance_limits!($harness);
+        $crate::__conformance_partitions!($harness);
     };
 }
 

@@ -1,0 +1,248 @@
+//! Partitions: a limit per partition key (`QueueLimits::max_per_partition`), enforced in the
+//! claim for every claimer at once, with partitions taking turns (`crate::partition`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Harness, claim, lease, record};
+use crate::admin::{Admin, JobFilter, QueueLimits};
+use crate::backend::Backend;
+use crate::error::{ConfigError, Error, InvalidInput};
+use crate::types::{ClaimedJob, Finalize, JobId, JobStatus, NewJob};
+
+fn per_partition(n: u32) -> QueueLimits {
+    QueueLimits {
+        max_per_partition: Some(n),
+        ..QueueLimits::NONE
+    }
+}
+
+fn job(key: Option<&str>, n: usize) -> NewJob {
+    let job = NewJob::from_value(json!({ "n": n }));
+    match key {
+        Some(key) => job.partition_key(key),
+        None => job,
+    }
+}
+
+/// Enqueues `n` jobs of partition `key` (one call), returning their ids in order.
+async fn enqueue_in<B: Backend>(b: &B, key: Option<&str>, n: usize) -> Vec<JobId> {
+    let jobs = (0..n).map(|i| job(key, i)).collect();
+    let done = b.enqueue_many(jobs).await.unwrap();
+    done.into_iter().map(|e| e.id).collect()
+}
+
+/// The partition of each claimed job.
+async fn partitions_of<B: Backend>(b: &B, jobs: &[ClaimedJob]) -> Vec<Option<String>> {
+    let mut keys = Vec::new();
+    for job in jobs {
+        keys.push(record(b, job.id).await.partition_key);
+    }
+    keys
+}
+
+async fn complete<B: Backend>(b: &B, jobs: &[ClaimedJob]) {
+    for job in jobs {
+        let outcome = b.finalize(job.claim(), &Finalize::Complete).await.unwrap();
+        assert!(outcome.is_applied(), "{job:?}");
+    }
+}
+
+cases! {
+    $ __conformance_partitions;
+
+    /// A job's partition key is stored and shown; one no store could keep is refused with its
+    /// reason, and nothing of its call is stored. The limit per partition is stored with the
+    /// queue's other limits, and a limit of 0 is refused.
+    pub async fn partition_keys_and_limits_are_stored_and_checked<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let id = b.enqueue(job(Some("partner-7"), 0)).await.unwrap().id;
+        assert_eq!(record(b, id).await.partition_key.as_deref(), Some("partner-7"));
+        let listed = b.list_jobs(&JobFilter::new()).await.unwrap();
+        assert_eq!(listed.jobs[0].partition_key.as_deref(), Some("partner-7"));
+        let plain = b.enqueue(job(None, 1)).await.unwrap().id;
+        assert_eq!(record(b, plain).await.partition_key, None);
+
+        let refused = b.enqueue_many(vec![job(Some("fine"), 2), job(Some("nul\0key"), 3)]).await;
+        assert!(
+            matches!(refused, Err(Error::Invalid(InvalidInput::PartitionKeyNul))),
+            "{refused:?}"
+        );
+        let long = "p".repeat(crate::limits::MAX_PARTITION_KEY_BYTES + 1);
+        let refused = b.enqueue(job(Some(&long), 4)).await;
+        assert!(
+            matches!(refused, Err(Error::Invalid(InvalidInput::PartitionKeyLength { .. }))),
+            "{refused:?}"
+        );
+        assert_eq!(b.counts().await.unwrap().pending, 2, "the refused calls stored nothing");
+
+        let limits = QueueLimits { max_in_flight: Some(5), ..per_partition(2) };
+        assert_eq!(b.set_limits(limits).await.unwrap().limits, limits);
+        assert_eq!(b.control().await.unwrap().limits, limits);
+        match b.set_limits(per_partition(0)).await {
+            Err(Error::Config(ConfigError::OutOfRange { name, .. })) => {
+                assert_eq!(name, "max_per_partition");
+            }
+            other => panic!("a limit of 0 per partition must be refused, got {other:?}"),
+        }
+        assert_eq!(b.control().await.unwrap().limits, limits, "the refusal changed nothing");
+    }
+
+    /// A partition at its limit is passed over: the partitions behind it and the jobs without a
+    /// partition are claimed, its own next job waits until one of its jobs ends. An expired
+    /// lease keeps its slot and is taken over for free.
+    pub async fn a_partition_at_its_limit_does_not_hold_back_the_others<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let a = enqueue_in(b, Some("a"), 5).await;
+        let bee = enqueue_in(b, Some("b"), 1).await;
+        let loose = enqueue_in(b, None, 1).await;
+        b.set_limits(per_partition(1)).await.unwrap();
+
+        let first = claim(b, 10).await.jobs;
+        let mut ids: Vec<JobId> = first.iter().map(|j| j.id).collect();
+        ids.sort();
+        assert_eq!(ids, [a[0], bee[0], loose[0]], "one of a, one of b, the loose job");
+        assert!(claim(b, 10).await.jobs.is_empty(), "a and b are at their limit");
+
+        let a0 = first.iter().find(|j| j.id == a[0]).unwrap();
+        complete(b, std::slice::from_ref(a0)).await;
+        let next = claim(b, 10).await.jobs;
+        assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), [a[1]], "a's slot freed");
+
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        let again = claim(b, 10).await.jobs;
+        assert_eq!(again.len(), 3, "the three expired leases, and nothing new: {again:?}");
+        assert!(again.iter().all(|j| j.taken_over));
+        assert_eq!(b.counts().await.unwrap().in_flight, 3);
+    }
+
+    /// Partitions take turns in key order from where the last claim stopped: one job per claim
+    /// goes round every partition before any partition's second job, whatever order the jobs
+    /// were enqueued in.
+    pub async fn partitions_take_turns<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        for key in ["k0", "k1", "k2", "k3"] {
+            enqueue_in(b, Some(key), 3).await;
+        }
+        b.set_limits(per_partition(1)).await.unwrap();
+        let mut order = Vec::new();
+        for _ in 0..12 {
+            let jobs = claim(b, 1).await.jobs;
+            assert_eq!(jobs.len(), 1, "a claim of one after {order:?}");
+            order.extend(partitions_of(b, &jobs).await.into_iter().flatten());
+            complete(b, &jobs).await;
+        }
+        let round = ["k0", "k1", "k2", "k3"];
+        let expected: Vec<&str> = round.iter().cycle().take(12).copied().collect();
+        assert_eq!(order, expected);
+        assert!(claim(b, 1).await.jobs.is_empty());
+    }
+
+    /// When a claim's batch fills with earlier jobs and a partition it visited had nothing
+    /// taken, that partition keeps its turn: the next claim starts with it.
+    pub async fn a_partition_whose_offer_was_not_taken_keeps_its_turn<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let loose = enqueue_in(b, None, 2).await;
+        for key in ["a", "b", "c"] {
+            enqueue_in(b, Some(key), 1).await;
+        }
+        b.set_limits(per_partition(1)).await.unwrap();
+        let first = claim(b, 2).await.jobs;
+        let mut ids: Vec<JobId> = first.iter().map(|j| j.id).collect();
+        ids.sort();
+        assert_eq!(ids, loose, "the two earlier jobs without a partition fill the batch");
+        complete(b, &first).await;
+        let next = claim(b, 1).await.jobs;
+        assert_eq!(partitions_of(b, &next).await, [Some("a".to_owned())], "a kept its turn");
+    }
+
+    /// Eight claimers at once, each finishing what it claimed: no partition ever has more jobs
+    /// in flight than its limit, sampled from the store all along, and every job runs.
+    pub async fn concurrent_claimers_never_exceed_the_partition_limit<H: Harness>(h: Arc<H>) {
+        let b = h.backend().clone();
+        let keys = ["p0", "p1", "p2", "p3", "p4", "p5"];
+        for key in keys {
+            enqueue_in(&b, Some(key), 15).await;
+        }
+        enqueue_in(&b, None, 10).await;
+        let total = 100;
+        b.set_limits(per_partition(2)).await.unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = Arc::new(AtomicU64::new(0));
+        // Samples taken: a claimer holds its jobs until the next sample, so the sampler sees
+        // them in flight however fast the store is.
+        let samples = Arc::new(AtomicU64::new(0));
+        let sampler = {
+            let (b, done, samples) = (b.clone(), done.clone(), samples.clone());
+            tokio::spawn(async move {
+                let mut most = 0;
+                let running = JobFilter::new().status(JobStatus::InFlight).limit(1_000);
+                while !done.load(Ordering::SeqCst) {
+                    let mut per: HashMap<String, usize> = HashMap::new();
+                    for job in b.list_jobs(&running).await.unwrap().jobs {
+                        if let Some(key) = job.partition_key {
+                            *per.entry(key).or_default() += 1;
+                        }
+                    }
+                    for (key, n) in &per {
+                        assert!(*n <= 2, "{n} jobs of {key} in flight, over the limit of 2");
+                        most = most.max(*n);
+                    }
+                    samples.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                }
+                most
+            })
+        };
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (b, finished, samples) = (b.clone(), finished.clone(), samples.clone());
+            claimers.spawn(async move {
+                let mut idle = 0;
+                while finished.load(Ordering::SeqCst) < total && idle < 10_000 {
+                    let jobs = claim(&b, 3).await.jobs;
+                    if jobs.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    let seen = samples.load(Ordering::SeqCst);
+                    while samples.load(Ordering::SeqCst) < seen + 2 {
+                        tokio::task::yield_now().await;
+                    }
+                    complete(&b, &jobs).await;
+                    finished.fetch_add(jobs.len() as u64, Ordering::SeqCst);
+                }
+            });
+        }
+        claimers.join_all().await;
+        done.store(true, Ordering::SeqCst);
+        let most = sampler.await.unwrap();
+        assert_eq!(finished.load(Ordering::SeqCst), total, "every job ran");
+        assert!(most >= 1, "the sampler saw partitioned jobs in flight");
+        assert_eq!(b.counts().await.unwrap().completed, total);
+    }
+
+    /// The queue's own limits hold beside the partitions': with two in flight per partition and
+    /// three in the queue, a claim takes three.
+    pub async fn the_queue_limit_holds_beside_the_partition_limit<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        for key in ["a", "b", "c"] {
+            enqueue_in(b, Some(key), 4).await;
+        }
+        b.set_limits(QueueLimits { max_in_flight: Some(3), ..per_partition(2) }).await.unwrap();
+        let jobs = claim(b, 10).await.jobs;
+        assert_eq!(jobs.len(), 3);
+        let mut keys = partitions_of(b, &jobs).await;
+        keys.sort();
+        keys.dedup();
+        assert!(keys.len() >= 2, "no partition got more than two: {keys:?}");
+        assert!(claim(b, 10).await.jobs.is_empty());
+        b.set_limits(per_partition(2)).await.unwrap();
+        assert_eq!(claim(b, 10).await.jobs.len(), 3, "two per partition: three more");
+    }
+}

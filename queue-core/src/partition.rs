@@ -1,0 +1,262 @@
+//! How a claim of a queue with a limit per partition
+//! ([`QueueLimits::max_per_partition`](crate::QueueLimits)) chooses partitions: the one rule
+//! every backend applies (PostgreSQL in SQL, `claim_limited.sql`; the others through
+//! [`PartitionWalk`]).
+//!
+//! Partitions take turns. The queue keeps a cursor: the partition key where the last claim
+//! stopped. A claim visits the keys of the queue's pending jobs in key order, starting after the
+//! cursor and wrapping around to the first key, each key once. A key *yields* when it has a due
+//! job and fewer than the limit of its jobs in flight; it offers its earliest due jobs, up to its
+//! room. The walk stops once as many keys yielded as the claim may take new jobs, or after
+//! [`MAX_PARTITION_VISITS`] keys (so a claim's cost is bounded however many partitions exist).
+//! The claim then takes, from these offers and the queue's due jobs without a partition, the
+//! earliest in the usual order (due time, priority, id).
+//!
+//! The cursor moves to the last key visited, except when a key yielded and none of its jobs was
+//! taken (the batch filled with earlier jobs first): it then stops just before that key, which
+//! comes first in the next claim. So a partition at its limit is passed over, a partition's
+//! backlog never holds back another's, and every partition with due work is visited within
+//! `partitions / batch` claims.
+//!
+//! ```
+//! use queue_core::partition::{PartitionWalk, Probe};
+//!
+//! // Three partners with due work, one job each in flight allowed; the last claim stopped at "b".
+//! let mut walk = PartitionWalk::new(Some("b".into()), 1, 10);
+//! let keys = ["a", "b", "c"];
+//! while let Some(probe) = walk.probe() {
+//!     let next = keys.iter().find(|k| probe.admits(k)).map(|k| k.to_string());
+//!     // Each found key has a due job and none in flight.
+//!     walk.found(next.map(|key| (key, true, 0)));
+//! }
+//! let order: Vec<&str> = walk.visits().iter().map(|v| v.key.as_str()).collect();
+//! assert_eq!(order, ["c", "a", "b"]);
+//! // Every yielding key had a job taken: the cursor goes to the last visited.
+//! assert_eq!(walk.cursor_after(|_| true), Some("b".to_owned()));
+//! // "a" yielded but its job was not taken: the next claim starts with it.
+//! assert_eq!(walk.cursor_after(|key| key != "a"), Some("c".to_owned()));
+//! ```
+
+/// The most partition keys one claim visits.
+pub const MAX_PARTITION_VISITS: usize = 1_000;
+
+/// A walk over a queue's partition keys for one claim (see the [module](self)).
+#[derive(Debug, Clone)]
+pub struct PartitionWalk {
+    cursor: Option<String>,
+    limit: u32,
+    wanted: usize,
+    max_visits: usize,
+    /// The last key visited, and whether the walk went past the end and began again.
+    after: Option<String>,
+    wrapped: bool,
+    done: bool,
+    yielded: usize,
+    visits: Vec<Visit>,
+}
+
+/// A key the walk visited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Visit {
+    /// The partition key.
+    pub key: String,
+    /// How many of its due jobs the claim may take (0: none due, or at its limit).
+    pub room: u32,
+}
+
+/// Which key the walk needs next: the first key of the queue's pending jobs that
+/// [`Probe::admits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe<'a> {
+    /// Keys strictly after this one (`None`: from the first key).
+    pub after: Option<&'a str>,
+    /// Keys up to this one, itself included (`None`: to the last key).
+    pub up_to: Option<&'a str>,
+}
+
+impl Probe<'_> {
+    /// Whether `key` is in the range this probe asks for.
+    pub fn admits(&self, key: &str) -> bool {
+        self.after.is_none_or(|after| key > after) && self.up_to.is_none_or(|up_to| key <= up_to)
+    }
+}
+
+impl PartitionWalk {
+    /// A walk from `cursor` (the queue's stored cursor; `None`: from the first key), for a queue
+    /// allowing `limit` jobs in flight per partition, for a claim that may take `wanted` new
+    /// jobs.
+    pub fn new(cursor: Option<String>, limit: u32, wanted: u32) -> Self {
+        Self::with_max_visits(cursor, limit, wanted, MAX_PARTITION_VISITS)
+    }
+
+    /// [`PartitionWalk::new`] that visits at most `max_visits` keys.
+    pub fn with_max_visits(
+        cursor: Option<String>,
+        limit: u32,
+        wanted: u32,
+        max_visits: usize,
+    ) -> Self {
+        PartitionWalk {
+            after: cursor.clone(),
+            // Without a cursor the walk starts at the first key: there is nothing to wrap to.
+            wrapped: cursor.is_none(),
+            cursor,
+            limit,
+            wanted: wanted as usize,
+            max_visits,
+            done: wanted == 0 || max_visits == 0,
+            yielded: 0,
+            visits: Vec::new(),
+        }
+    }
+
+    /// The next key range to look up, or `None` when the walk is over.
+    pub fn probe(&self) -> Option<Probe<'_>> {
+        if self.done {
+            return None;
+        }
+        Some(Probe {
+            after: self.after.as_deref(),
+            up_to: if self.wrapped {
+                self.cursor.as_deref()
+            } else {
+                None
+            },
+        })
+    }
+
+    /// What the last [`probe`](Self::probe) found: the first key in its range, whether it has a
+    /// due job, and how many of its jobs are in flight; `None` when no key is in the range.
+    pub fn found(&mut self, found: Option<(String, bool, u64)>) {
+        match found {
+            None if self.wrapped => self.done = true,
+            None => {
+                self.wrapped = true;
+                self.after = None;
+            }
+            Some((key, due, in_flight)) => {
+                let room = if due {
+                    u64::from(self.limit).saturating_sub(in_flight) as u32
+                } else {
+                    0
+                };
+                if room > 0 {
+                    self.yielded += 1;
+                }
+                self.after = Some(key.clone());
+                self.visits.push(Visit { key, room });
+                if self.yielded >= self.wanted || self.visits.len() >= self.max_visits {
+                    self.done = true;
+                }
+            }
+        }
+    }
+
+    /// The keys visited, in order.
+    pub fn visits(&self) -> &[Visit] {
+        &self.visits
+    }
+
+    /// The queue's cursor after the claim, given which keys had a job taken (see the
+    /// [module](self)).
+    pub fn cursor_after(&self, taken: impl Fn(&str) -> bool) -> Option<String> {
+        match self
+            .visits
+            .iter()
+            .position(|visit| visit.room > 0 && !taken(&visit.key))
+        {
+            Some(0) => self.cursor.clone(),
+            Some(at) => Some(self.visits[at - 1].key.clone()),
+            None => self
+                .visits
+                .last()
+                .map(|visit| visit.key.clone())
+                .or_else(|| self.cursor.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks `keys` (each `(key, due, in_flight)`, sorted) from `cursor`.
+    fn walk(
+        cursor: Option<&str>,
+        keys: &[(&str, bool, u64)],
+        limit: u32,
+        wanted: u32,
+        max: usize,
+    ) -> PartitionWalk {
+        let mut walk = PartitionWalk::with_max_visits(cursor.map(str::to_owned), limit, wanted, max);
+        let mut probes = 0;
+        while let Some(probe) = walk.probe() {
+            probes += 1;
+            assert!(probes <= keys.len() + 2, "the walk does not end");
+            let next = keys
+                .iter()
+                .find(|(key, _, _)| probe.admits(key))
+                .map(|(key, due, n)| (key.to_string(), *due, *n));
+            walk.found(next);
+        }
+        walk
+    }
+
+    fn order(walk: &PartitionWalk) -> Vec<(&str, u32)> {
+        walk.visits()
+            .iter()
+            .map(|v| (v.key.as_str(), v.room))
+            .collect()
+    }
+
+    #[test]
+    fn the_walk_starts_after_the_cursor_wraps_and_visits_each_key_once() {
+        let keys = [("a", true, 0), ("b", true, 0), ("c", true, 0), ("d", true, 0)];
+        let w = walk(Some("b"), &keys, 1, 10, 100);
+        assert_eq!(order(&w), [("c", 1), ("d", 1), ("a", 1), ("b", 1)]);
+        let w = walk(None, &keys, 1, 10, 100);
+        assert_eq!(order(&w), [("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
+        // A cursor past every key (its partition finished meanwhile) wraps at once.
+        let w = walk(Some("z"), &keys, 1, 10, 100);
+        assert_eq!(order(&w).len(), 4);
+        assert!(walk(Some("b"), &[], 1, 10, 100).visits().is_empty());
+    }
+
+    #[test]
+    fn keys_at_their_limit_or_without_due_jobs_yield_nothing_and_do_not_stop_the_walk() {
+        let keys = [("a", true, 2), ("b", false, 0), ("c", true, 1), ("d", true, 0)];
+        let w = walk(None, &keys, 2, 2, 100);
+        assert_eq!(order(&w), [("a", 0), ("b", 0), ("c", 1), ("d", 2)]);
+        // The claim wants one key's jobs: the walk stops at the first that yields.
+        let w = walk(None, &keys, 2, 1, 100);
+        assert_eq!(order(&w), [("a", 0), ("b", 0), ("c", 1)]);
+    }
+
+    #[test]
+    fn the_walk_stops_after_its_most_visits_and_the_cursor_moves_past_them() {
+        let keys: Vec<(String, bool, u64)> =
+            (0..10).map(|n| (format!("k{n}"), true, 1)).collect();
+        let keys: Vec<(&str, bool, u64)> =
+            keys.iter().map(|(k, d, n)| (k.as_str(), *d, *n)).collect();
+        let w = walk(None, &keys, 1, 5, 4);
+        assert_eq!(w.visits().len(), 4, "every key full: four visits, no more");
+        assert_eq!(w.cursor_after(|_| false), Some("k3".to_owned()));
+        let w = walk(Some("k3"), &keys, 1, 5, 4);
+        assert_eq!(w.visits()[0].key, "k4", "the next claim goes on");
+    }
+
+    #[test]
+    fn the_cursor_stops_before_the_first_key_whose_offer_was_not_taken() {
+        let keys = [("a", true, 0), ("b", true, 0), ("c", true, 0)];
+        let w = walk(Some("a"), &keys, 1, 10, 100);
+        assert_eq!(w.cursor_after(|_| true), Some("a".to_owned()));
+        assert_eq!(w.cursor_after(|k| k == "b"), Some("b".to_owned()));
+        assert_eq!(w.cursor_after(|_| false), Some("a".to_owned()), "unchanged");
+        let w = walk(None, &keys, 1, 10, 100);
+        assert_eq!(w.cursor_after(|_| false), None, "unchanged: none");
+        // A claim that may take nothing walks nowhere and keeps the cursor.
+        let w = walk(Some("b"), &keys, 1, 0, 100);
+        assert!(w.visits().is_empty());
+        assert_eq!(w.cursor_after(|_| true), Some("b".to_owned()));
+    }
+}
