@@ -467,7 +467,11 @@ mod tests {
             })
         );
         let partitioned = |key: &str| NewJob::from_value(json!({})).partition_key(key);
-        assert!(partitioned(&"p".repeat(MAX_PARTITION_KEY_BYTES)).check().is_ok());
+        assert!(
+            partitioned(&"p".repeat(MAX_PARTITION_KEY_BYTES))
+                .check()
+                .is_ok()
+        );
         assert_eq!(
             partitioned(&"p".repeat(MAX_PARTITION_KEY_BYTES + 1)).check(),
             Err(InvalidInput::PartitionKeyLength {

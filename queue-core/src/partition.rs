@@ -188,7 +188,8 @@ mod tests {
         wanted: u32,
         max: usize,
     ) -> PartitionWalk {
-        let mut walk = PartitionWalk::with_max_visits(cursor.map(str::to_owned), limit, wanted, max);
+        let mut walk =
+            PartitionWalk::with_max_visits(cursor.map(str::to_owned), limit, wanted, max);
         let mut probes = 0;
         while let Some(probe) = walk.probe() {
             probes += 1;
@@ -211,7 +212,12 @@ mod tests {
 
     #[test]
     fn the_walk_starts_after_the_cursor_wraps_and_visits_each_key_once() {
-        let keys = [("a", true, 0), ("b", true, 0), ("c", true, 0), ("d", true, 0)];
+        let keys = [
+            ("a", true, 0),
+            ("b", true, 0),
+            ("c", true, 0),
+            ("d", true, 0),
+        ];
         let w = walk(Some("b"), &keys, 1, 10, 100);
         assert_eq!(order(&w), [("c", 1), ("d", 1), ("a", 1), ("b", 1)]);
         let w = walk(None, &keys, 1, 10, 100);
@@ -224,7 +230,12 @@ mod tests {
 
     #[test]
     fn keys_at_their_limit_or_without_due_jobs_yield_nothing_and_do_not_stop_the_walk() {
-        let keys = [("a", true, 2), ("b", false, 0), ("c", true, 1), ("d", true, 0)];
+        let keys = [
+            ("a", true, 2),
+            ("b", false, 0),
+            ("c", true, 1),
+            ("d", true, 0),
+        ];
         let w = walk(None, &keys, 2, 2, 100);
         assert_eq!(order(&w), [("a", 0), ("b", 0), ("c", 1), ("d", 2)]);
         // The claim wants one key's jobs: the walk stops at the first that yields.
@@ -234,8 +245,7 @@ mod tests {
 
     #[test]
     fn the_walk_stops_after_its_most_visits_and_the_cursor_moves_past_them() {
-        let keys: Vec<(String, bool, u64)> =
-            (0..10).map(|n| (format!("k{n}"), true, 1)).collect();
+        let keys: Vec<(String, bool, u64)> = (0..10).map(|n| (format!("k{n}"), true, 1)).collect();
         let keys: Vec<(&str, bool, u64)> =
             keys.iter().map(|(k, d, n)| (k.as_str(), *d, *n)).collect();
         let w = walk(None, &keys, 1, 5, 4);

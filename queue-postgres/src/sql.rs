@@ -282,7 +282,11 @@ fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String),
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &PLAIN_PICKS)?;
-    for_table_with(CLAIM, table, &[("claim_due", &due), ("claim_picks", &picks)])
+    for_table_with(
+        CLAIM,
+        table,
+        &[("claim_due", &due), ("claim_picks", &picks)],
+    )
 }
 
 /// `claim_limited.sql` for `table`: the picks within the quota, on limited queues too; the due

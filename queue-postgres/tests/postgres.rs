@@ -722,6 +722,110 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
     db.drop_db().await;
 }
 
+/// A partitioned queue with a large backlog: 1 000 partitions of 200 due jobs, 100k finished
+/// rows, 500 partitions at their limit. The walk reads the partition index one probe per key
+/// and each partition's offer through it; the jobs without a partition are looked for among
+/// a bounded number of the earliest due rows; nothing scans the table. Run for real (inside a
+/// transaction rolled back), a claim of 10 reads a few hundred pages, not the backlog's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_claim_walks_the_partition_index_with_a_large_backlog() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    sqlx::raw_sql(
+        "INSERT INTO queue_jobs (status, payload, finished_at, next_attempt_at, partition_key)
+             SELECT 'completed', '{}', now() - interval '1 day', now() - interval '2 days',
+                    'p' || (g % 1000)
+             FROM generate_series(1, 100000) g;
+         INSERT INTO queue_jobs (payload, next_attempt_at, partition_key)
+             SELECT jsonb_build_object('n', g), now() - make_interval(secs => g),
+                    'p' || lpad((g % 1000)::text, 3, '0')
+             FROM generate_series(1, 200000) g;
+         INSERT INTO queue_jobs (status, payload, claimed_at, claim_generation, lease_generation,
+                                 lease_expires_at, partition_key)
+             SELECT 'in_flight', '{}', now(), 1, 1, now() + interval '1 hour',
+                    'p' || lpad((g * 2)::text, 3, '0')
+             FROM generate_series(0, 499) g;
+         ANALYZE queue_jobs;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let claim = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let explain = |analyze: bool| {
+        let options = if analyze {
+            "ANALYZE, BUFFERS, FORMAT JSON"
+        } else {
+            "FORMAT JSON"
+        };
+        sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!("EXPLAIN ({options}) {claim}")))
+            .bind("default")
+            .bind(10_i64)
+            .bind(90.0_f64)
+            .bind(5_i32)
+            .bind("explain")
+            .bind(42_i64)
+            .bind(Vec::<i64>::new())
+    };
+    let plan = explain(false).fetch_one(&db.pool).await.unwrap();
+    let mut all = Vec::new();
+    nodes(&plan[0]["Plan"], &mut all);
+    assert!(
+        all.iter().all(|n| n["Node Type"] != "Seq Scan"),
+        "the partitioned claim scans a table: {plan:#}"
+    );
+    for cte in ["after_cursor", "offers"] {
+        let root = all
+            .iter()
+            .find(|n| n["Subplan Name"] == format!("CTE {cte}"))
+            .unwrap_or_else(|| panic!("no CTE {cte} in {plan:#}"));
+        let mut under = Vec::new();
+        nodes(root, &mut under);
+        assert!(
+            under
+                .iter()
+                .any(|n| n["Index Name"] == "queue_jobs_partition_idx"),
+            "CTE {cte} does not use the partition index: {root:#}"
+        );
+    }
+    let mut tx = db.pool.begin().await.unwrap();
+    let run = explain(true).fetch_one(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    let top = &run[0]["Plan"];
+    let pages =
+        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
+    assert!(pages < 3_000, "a claim of 10 read {pages} pages: {run:#}");
+
+    // And for real: ten partitions not at their limit, one job each, the cursor after them.
+    let jobs = queue.claim(req(10)).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 10);
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT partition_key FROM queue_jobs WHERE id = ANY($1) ORDER BY partition_key",
+    )
+    .bind(jobs.iter().map(|j| j.id.0).collect::<Vec<_>>())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let expected: Vec<String> = (0..10).map(|n| format!("p{:03}", n * 2 + 1)).collect();
+    assert_eq!(
+        keys, expected,
+        "the odd partitions: the even ones are at their limit"
+    );
+    let cursor: Option<String> = sqlx::query_scalar(
+        "SELECT partition_cursor FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(cursor.as_deref(), Some("p019"));
+    db.drop_db().await;
+}
+
 struct Done;
 
 impl Handler for Done {
@@ -1708,49 +1812,116 @@ async fn scheduler_process() {
 /// is reached (it binds), and every job completes.
 #[test]
 fn worker_processes_never_exceed_the_queue_limit() {
-    use queue_core::{Admin, QueueLimits};
-    const JOBS: i64 = 90;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(3),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..90).map(|n| NewJob::from_value(json!({ "n": n })));
+    let most = run_limited_workers(
+        limits,
+        jobs.collect(),
+        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+    );
+    assert_eq!(most, 3, "the limit bound: three ran at once at some point");
+}
+
+/// Three worker processes of eight slots each on a queue of six partitions (twenty jobs each)
+/// and ten jobs without one, limited to two jobs in flight per partition: sampled from the
+/// database while they run, no partition ever has more than two in flight, the limit binds,
+/// and every job completes.
+#[test]
+fn worker_processes_never_exceed_the_partition_limit() {
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(2),
+        ..queue_core::QueueLimits::NONE
+    };
+    let mut jobs: Vec<NewJob> = (0..6)
+        .flat_map(|p| {
+            (0..20)
+                .map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+        })
+        .collect();
+    jobs.extend((0..10).map(|n| NewJob::from_value(json!({ "loose": n }))));
+    let most = run_limited_workers(
+        limits,
+        jobs,
+        "SELECT COALESCE(max(n), 0) FROM (
+             SELECT count(*) AS n FROM queue_jobs
+             WHERE status = 'in_flight' AND partition_key IS NOT NULL
+             GROUP BY partition_key) AS per_partition",
+    );
+    assert_eq!(
+        most, 2,
+        "the limit bound: two of one partition ran at once at some point"
+    );
+}
+
+/// Sets `limits` on a fresh database's default queue, enqueues `jobs`, and runs three worker
+/// processes of eight slots each (`limited_worker_process`) until every job completed, sampling
+/// `sample` (one number, which must stay within the limit: the caller asserts on the largest)
+/// every 2 ms meanwhile. Returns the largest sample.
+fn run_limited_workers(
+    limits: queue_core::QueueLimits,
+    jobs: Vec<NewJob>,
+    sample: &'static str,
+) -> i64 {
+    use queue_core::Admin;
+    let limit = i64::from(
+        limits
+            .max_per_partition
+            .or(limits.max_in_flight)
+            .expect("a limit to sample"),
+    );
+    let total = jobs.len() as i64;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let db = runtime.block_on(TestDb::new());
     runtime.block_on(async {
         let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-        let limits = QueueLimits {
-            max_in_flight: Some(3),
-            rate: None,
-            max_per_partition: None,
-        };
         queue.set_limits(limits).await.unwrap();
-        let jobs = (0..JOBS).map(|n| NewJob::from_value(json!({ "n": n })));
-        queue.enqueue_many(jobs.collect()).await.unwrap();
+        queue.enqueue_many(jobs).await.unwrap();
     });
-    let mut children: Vec<std::process::Child> = (0..3)
-        .map(|_| {
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "limited_worker_process", "--ignored"])
-                .args(["--nocapture", "--test-threads", "1"])
-                .env("QUEUE_LIMITED_DB", support::url(&db))
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("the test binary runs a child of itself")
-        })
-        .collect();
+    /// The worker processes, killed when the test ends, by a failed assertion too.
+    struct Children(Vec<std::process::Child>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let children = Children(
+        (0..3)
+            .map(|_| {
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "limited_worker_process", "--ignored"])
+                    .args(["--nocapture", "--test-threads", "1"])
+                    .env("QUEUE_LIMITED_DB", support::url(&db))
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("the test binary runs a child of itself")
+            })
+            .collect(),
+    );
     let most = runtime.block_on(async {
         let sample = async {
             let mut most = 0;
             let mut tick = tokio::time::interval(Duration::from_millis(2));
             loop {
                 tick.tick().await;
-                let (in_flight, completed): (i64, i64) = sqlx::query_as(
-                    "SELECT count(*) FILTER (WHERE status = 'in_flight'),
-                            count(*) FILTER (WHERE status = 'completed')
-                     FROM queue_jobs",
+                let seen: i64 = sqlx::query_scalar(sample)
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+                assert!(seen <= limit, "{seen} in flight, over the limit of {limit}");
+                most = most.max(seen);
+                let completed: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM queue_jobs WHERE status = 'completed'",
                 )
                 .fetch_one(&db.pool)
                 .await
                 .unwrap();
-                assert!(in_flight <= 3, "{in_flight} in flight, over the limit of 3");
-                most = most.max(in_flight);
-                if completed == JOBS {
+                if completed == total {
                     return most;
                 }
             }
@@ -1759,18 +1930,15 @@ fn worker_processes_never_exceed_the_queue_limit() {
             .await
             .expect("the workers finish the jobs")
     });
-    for child in &mut children {
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-    assert_eq!(most, 3, "the limit bound: three ran at once at some point");
+    drop(children);
     runtime.block_on(db.drop_db());
+    most
 }
 
-/// A child process of `worker_processes_never_exceed_the_queue_limit`: a worker of eight slots
-/// whose jobs each take a few milliseconds (the work), until its parent kills it.
+/// A child process of `run_limited_workers`: a worker of eight slots whose jobs each take a few
+/// milliseconds (the work), until its parent kills it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a child process of worker_processes_never_exceed_the_queue_limit"]
+#[ignore = "a child process of run_limited_workers"]
 async fn limited_worker_process() {
     struct Work;
     impl Handler for Work {
@@ -1780,8 +1948,7 @@ async fn limited_worker_process() {
             Ok(())
         }
     }
-    let url = std::env::var("QUEUE_LIMITED_DB")
-        .expect("run by worker_processes_never_exceed_the_queue_limit");
+    let url = std::env::var("QUEUE_LIMITED_DB").expect("run by run_limited_workers");
     let pool = <queue_postgres::Sqlx as TestDriver>::pool(&url, 4);
     let queue = queue_postgres::PgQueue::connect(pool, PgQueueConfig::default())
         .await

@@ -1140,8 +1140,14 @@ impl SqliteQueue {
         per: u32,
         wanted: u32,
         cursor: Option<String>,
-    ) -> Result<(Vec<Pick>, PartitionWalk, std::collections::HashMap<i64, String>), SqliteError>
-    {
+    ) -> Result<
+        (
+            Vec<Pick>,
+            PartitionWalk,
+            std::collections::HashMap<i64, String>,
+        ),
+        SqliteError,
+    > {
         let sql = &self.inner.sql.partitions;
         let queue = self.queue_str();
         let db = SqliteError::Database;
@@ -1160,8 +1166,8 @@ impl SqliteQueue {
                 .into_iter()
                 .collect();
         while let Some(probe) = walk.probe() {
-            let statement = &sql.probe[usize::from(probe.after.is_some())]
-                [usize::from(probe.up_to.is_some())];
+            let statement =
+                &sql.probe[usize::from(probe.after.is_some())][usize::from(probe.up_to.is_some())];
             let found: Option<(String, bool)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
                 .bind(queue)
                 .bind(probe.after)

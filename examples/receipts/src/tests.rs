@@ -264,7 +264,10 @@ async fn one_domains_burst_does_not_hold_back_the_others() -> Result<(), BoxErro
     }
     crate::orders::resend_receipt(&queue, 100, "ada@small.example").await?;
     crate::orders::resend_receipt(&queue, 101, "bob@other.example").await?;
-    let jobs = queue.claim(ClaimRequest::new(10, Lease::DEFAULT)).await?.jobs;
+    let jobs = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await?
+        .jobs;
     let mut domains = Vec::new();
     for job in &jobs {
         domains.push(queue.get(job.id).await?.and_then(|j| j.partition_key));

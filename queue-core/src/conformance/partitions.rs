@@ -45,6 +45,15 @@ async fn partitions_of<B: Backend>(b: &B, jobs: &[ClaimedJob]) -> Vec<Option<Str
     keys
 }
 
+/// Clears its flag when dropped: when the task holding it ends, even by a panic.
+struct StopsOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopsOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 async fn complete<B: Backend>(b: &B, jobs: &[ClaimedJob]) {
     for job in jobs {
         let outcome = b.finalize(job.claim(), &Finalize::Complete).await.unwrap();
@@ -174,11 +183,15 @@ cases! {
         let done = Arc::new(AtomicBool::new(false));
         let finished = Arc::new(AtomicU64::new(0));
         // Samples taken: a claimer holds its jobs until the next sample, so the sampler sees
-        // them in flight however fast the store is.
+        // them in flight however fast the store is (and until the sampler stopped, so a failed
+        // sample ends the case instead of stalling it).
         let samples = Arc::new(AtomicU64::new(0));
+        let sampling = Arc::new(AtomicBool::new(true));
         let sampler = {
             let (b, done, samples) = (b.clone(), done.clone(), samples.clone());
+            let stopped = StopsOnDrop(sampling.clone());
             tokio::spawn(async move {
+                let _stopped = stopped;
                 let mut most = 0;
                 let running = JobFilter::new().status(JobStatus::InFlight).limit(1_000);
                 while !done.load(Ordering::SeqCst) {
@@ -201,6 +214,7 @@ cases! {
         let mut claimers = tokio::task::JoinSet::new();
         for _ in 0..8 {
             let (b, finished, samples) = (b.clone(), finished.clone(), samples.clone());
+            let sampling = sampling.clone();
             claimers.spawn(async move {
                 let mut idle = 0;
                 while finished.load(Ordering::SeqCst) < total && idle < 10_000 {
@@ -211,7 +225,9 @@ cases! {
                         continue;
                     }
                     let seen = samples.load(Ordering::SeqCst);
-                    while samples.load(Ordering::SeqCst) < seen + 2 {
+                    while samples.load(Ordering::SeqCst) < seen + 2
+                        && sampling.load(Ordering::SeqCst)
+                    {
                         tokio::task::yield_now().await;
                     }
                     complete(&b, &jobs).await;

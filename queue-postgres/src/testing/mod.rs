@@ -196,6 +196,12 @@ pub fn claim_sql(table: &TableName) -> String {
     crate::sql::claim(table).expect("the claim renders for any table")
 }
 
+/// The claim of a queue with limits (and partitions), rendered for `table`, for tests that read
+/// its plan: parameters as [`claim_sql`]'s.
+pub fn claim_limited_sql(table: &TableName) -> String {
+    crate::sql::claim_limited(table).expect("the limited claim renders for any table")
+}
+
 /// The claim that also writes outcomes, rendered for `table`, for tests that read its plan:
 /// `$1` to `$10` the outcomes' arrays as the finalize binds them (ids, generations, statuses,
 /// give-backs, run instants, delays, errors, terminal flags, kinds, tokens), then `$11` to `$17`
