@@ -589,7 +589,8 @@ pub(crate) async fn job<B: Admin, P>(
             dt { "claimed" } dd { (when(job.claimed_at)) " by " (job.claimed_by.as_deref().unwrap_or("–")) }
             dt { "lease ends" } dd { (when(job.lease_expires_at)) }
             dt { "cancel requested" } dd { (when(job.cancel_requested_at)) }
-            dt { "unique key" } dd { (job.unique_key.as_deref().unwrap_or("–")) }
+            dt { "unique key" } dd data-field="unique_key" { (job.unique_key.as_deref().unwrap_or("–")) }
+            dt { "partition" } dd data-field="partition_key" { (job.partition_key.as_deref().unwrap_or("–")) }
             dt { "created" } dd { (when(Some(job.created_at))) }
             dt { "updated" } dd { (when(Some(job.updated_at))) }
             dt { "finished" } dd { (when(job.finished_at)) }

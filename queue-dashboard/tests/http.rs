@@ -113,6 +113,11 @@ fn csrf_of(page: &str) -> String {
 #[tokio::test]
 async fn pages_escape_what_they_show_and_hide_payloads() {
     let (queue, dead) = queue_with_a_dead_job().await;
+    let partitioned = queue
+        .enqueue(NewJob::from_value(json!({ "n": 1 })).partition_key("p<1>"))
+        .await
+        .unwrap()
+        .id;
     let addr = serve(router(queue, hooks(), DashboardConfig::new())).await;
     let overview = request(addr, "GET", "/", &[], "").await;
     assert_eq!(overview.status, 200);
@@ -133,6 +138,24 @@ async fn pages_escape_what_they_show_and_hide_payloads() {
     assert!(
         !job.body.contains("method=\"post\""),
         "a read-only page has action forms"
+    );
+    assert!(
+        job.body
+            .contains(r#"<dt>partition</dt><dd data-field="partition_key">–</dd>"#),
+        "a job without a partition shows –: {}",
+        job.body
+    );
+    let job = request(addr, "GET", &format!("/jobs/{}", partitioned.0), &[], "").await;
+    assert_eq!(job.status, 200);
+    assert!(
+        job.body
+            .contains(r#"<dt>partition</dt><dd data-field="partition_key">p&lt;1&gt;</dd>"#),
+        "the partition key is shown, escaped, next to the unique key: {}",
+        job.body
+    );
+    assert!(
+        !job.body.contains("<1>"),
+        "markup from a partition key reached the page"
     );
     let missing = request(addr, "GET", "/jobs/999", &[], "").await;
     assert_eq!(missing.status, 404);

@@ -11,8 +11,8 @@ use queue_postgres::TableName;
 #[command(
     name = "queuectl",
     version,
-    about = "Operate the queues of a queue-framework table: status, pause, drain, list, \
-             show, retry, cancel and purge jobs, migrate and upgrade tables.",
+    about = "Operate the queues of a queue-framework table: status, pause, drain, limit, \
+             list, show, retry, cancel and purge jobs, migrate and upgrade tables.",
     after_help = "Exit codes: 0 done, 1 failed, 2 bad usage or value, 3 not found, 4 refused \
                   (nothing changed), 5 not confirmed, 6 timed out, 130 interrupted."
 )]
@@ -53,7 +53,7 @@ pub enum Command {
     UpgradeLegacy(UpgradeArgs),
     /// Every queue of the table: backlog, lag, leases, the last hour's outcomes, paused or not.
     Status(StatusArgs),
-    /// Pause, resume or drain a queue.
+    /// Pause, resume or drain a queue, or set its limits.
     #[command(subcommand)]
     Queue(QueueCommand),
     /// List, show, retry or cancel jobs.
@@ -61,7 +61,8 @@ pub enum Command {
     Jobs(JobsCommand),
     /// Delete terminal jobs older than an age, in bounded batches.
     Purge(PurgeArgs),
-    /// The jobs in flight: their holders, generations, time left on their leases, reclaims.
+    /// The jobs in flight: their holders, partitions, generations, time left on their leases,
+    /// reclaims.
     Lease(LeaseArgs),
     /// Serve the web dashboard (read-only unless --allow-actions).
     Serve(ServeArgs),
@@ -149,7 +150,8 @@ pub enum QueueCommand {
         timeout: Duration,
     },
     /// Set the queue's limits, for every worker of every process: at most so many jobs in
-    /// flight, at most so many starts per window. What is not given is removed.
+    /// flight, at most so many starts per window, at most so many jobs of one partition in
+    /// flight. What is not given is removed (no option at all: no limits).
     Limit {
         /// At most this many of the queue's jobs in flight at once.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -157,6 +159,10 @@ pub enum QueueCommand {
         /// At most this many starts per window: STARTS/WINDOW, such as 100/1m or 5/1s.
         #[arg(long, value_parser = parse_rate)]
         rate: Option<queue_core::RateLimit>,
+        /// At most this many jobs of one partition (the job's partition key) in flight at once;
+        /// partitions take turns. Jobs without a partition key are not limited by it.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_per_partition: Option<u32>,
     },
 }
 
@@ -175,7 +181,7 @@ pub enum JobsCommand {
         #[arg(long)]
         before: Option<i64>,
     },
-    /// Show one job: its state, attempts, lease, error history.
+    /// Show one job: its state, attempts, lease, unique and partition keys, error history.
     Show {
         /// The job's id.
         id: i64,
@@ -360,5 +366,21 @@ mod tests {
         assert!(Cli::try_parse_from(["queuectl", "jobs", "retry", "--all"]).is_err());
         let ok = Cli::try_parse_from(["queuectl", "jobs", "retry", "--all", "--state", "dead"]);
         assert!(ok.is_ok());
+        for limit in ["--max-in-flight", "--max-per-partition"] {
+            let err = Cli::try_parse_from(["queuectl", "queue", "limit", limit, "0"]).unwrap_err();
+            assert!(err.to_string().contains(limit), "{err}");
+        }
+        let set = Cli::try_parse_from(["queuectl", "queue", "limit", "--max-per-partition", "2"]);
+        assert!(
+            matches!(
+                set.unwrap().command,
+                Command::Queue(QueueCommand::Limit {
+                    max_in_flight: None,
+                    rate: None,
+                    max_per_partition: Some(2),
+                })
+            ),
+            "--max-per-partition alone sets only it"
+        );
     }
 }

@@ -90,7 +90,8 @@ pub(crate) fn control_json(queue: &QueueName, control: &QueueControl) -> Value {
     })
 }
 
-/// A queue's limits as JSON: `max_in_flight`, and `rate` as `{starts, per_ms}` (null: none).
+/// A queue's limits as JSON: `max_in_flight`, `rate` as `{starts, per_ms}` and
+/// `max_per_partition` (null: none).
 pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
     json!({
         "max_in_flight": limits.max_in_flight,
@@ -98,6 +99,7 @@ pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
             "starts": rate.starts(),
             "per_ms": rate.per().as_millis() as u64,
         })),
+        "max_per_partition": limits.max_per_partition,
     })
 }
 
@@ -213,6 +215,7 @@ fn job_json(job: &JobRecord, show_payload: bool) -> Value {
         "cancel_requested_at": job.cancel_requested_at,
         "last_error": job.last_error,
         "unique_key": job.unique_key,
+        "partition_key": job.partition_key,
         "created_at": job.created_at,
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,
@@ -289,6 +292,10 @@ pub(crate) fn job(out: &Out, job: &JobRecord, show_payload: bool) -> Result<(), 
             "  unique key    {}",
             job.unique_key.as_deref().unwrap_or("-")
         ),
+        format!(
+            "  partition     {}",
+            job.partition_key.as_deref().unwrap_or("-")
+        ),
         format!("  created       {}", instant(Some(job.created_at))),
         format!("  finished      {}", instant(job.finished_at)),
         format!(
@@ -341,7 +348,8 @@ pub(crate) fn items(out: &Out, results: &[ItemResult]) -> Result<Exit, CtlError>
     Ok(results.iter().map(|i| i.exit).max().unwrap_or(Exit::Done))
 }
 
-/// `lease`: the jobs in flight, the time left on each lease by the database's clock.
+/// `lease`: the jobs in flight, their partitions (what a limit per partition counts), the time
+/// left on each lease by the database's clock.
 pub(crate) async fn leases(out: &Out, queue: &PgQueue, limit: u32) -> Result<Exit, CtlError> {
     let now: DateTime<Utc> = queue
         .query("SELECT now() AS now", ())
@@ -356,6 +364,7 @@ pub(crate) async fn leases(out: &Out, queue: &PgQueue, limit: u32) -> Result<Exi
     let mut table = new_table(&[
         "id",
         "holder",
+        "partition",
         "generation",
         "attempts",
         "reclaims",
@@ -376,6 +385,7 @@ pub(crate) async fn leases(out: &Out, queue: &PgQueue, limit: u32) -> Result<Exi
         table.add_row(vec![
             job.id.0.to_string(),
             job.claimed_by.clone().unwrap_or_else(|| "-".to_owned()),
+            job.partition_key.clone().unwrap_or_else(|| "-".to_owned()),
             job.claim_generation.0.to_string(),
             job.attempts.to_string(),
             job.reclaims.to_string(),
@@ -390,6 +400,7 @@ pub(crate) async fn leases(out: &Out, queue: &PgQueue, limit: u32) -> Result<Exi
         documents.push(json!({
             "id": job.id.0,
             "holder": job.claimed_by,
+            "partition_key": job.partition_key,
             "generation": job.claim_generation.0,
             "attempts": job.attempts,
             "reclaims": job.reclaims,

@@ -92,7 +92,12 @@ async fn status_jobs_and_lease_show_what_the_queue_holds() {
         },
     )
     .await;
-    for n in 0..3 {
+    let partitioned = queue
+        .enqueue(NewJob::from_value(json!({ "n": 0 })).partition_key("partner-7"))
+        .await
+        .unwrap()
+        .id;
+    for n in 1..3 {
         queue
             .enqueue(NewJob::new(&json!({ "n": n })).unwrap())
             .await
@@ -104,6 +109,7 @@ async fn status_jobs_and_lease_show_what_the_queue_holds() {
         .unwrap()
         .jobs
         .remove(0);
+    assert_eq!(running.id, partitioned, "the earliest job runs");
 
     let status = json_of(&db, &["status"], 0);
     let default = &status["queues"][0];
@@ -133,6 +139,8 @@ async fn status_jobs_and_lease_show_what_the_queue_holds() {
     );
     assert_eq!(shown["errors"][0]["worker"], "host-a:1");
     assert_eq!(shown["errors"][0]["outcome"], "dead");
+    assert_eq!(shown["unique_key"], "order-9");
+    assert_eq!(shown["partition_key"], Value::Null);
     let text = ctl(&db)
         .args(["jobs", "show", &dead.0.to_string()])
         .output()
@@ -143,6 +151,25 @@ async fn status_jobs_and_lease_show_what_the_queue_holds() {
         "the payload leaked into the table: {text}"
     );
     assert!(text.contains("hidden (--show-payload)"));
+    assert!(
+        text.contains("  unique key    order-9\n  partition     -\n"),
+        "no partition: -, below the unique key: {text}"
+    );
+    // A job's partition key, in the text and the JSON, and in the listings' JSON.
+    let shown = json_of(&db, &["jobs", "show", &partitioned.0.to_string()], 0);
+    assert_eq!(shown["partition_key"], "partner-7");
+    assert_eq!(shown["unique_key"], Value::Null);
+    let text = ctl(&db)
+        .args(["jobs", "show", &partitioned.0.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("  unique key    -\n  partition     partner-7\n"),
+        "the partition key, below the unique key: {text}"
+    );
+    let running_list = json_of(&db, &["jobs", "list", "--state", "in-flight"], 0);
+    assert_eq!(running_list["jobs"][0]["partition_key"], "partner-7");
     let with_payload = json_of(
         &db,
         &["jobs", "show", &dead.0.to_string(), "--show-payload"],
@@ -157,7 +184,14 @@ async fn status_jobs_and_lease_show_what_the_queue_holds() {
     let lease = &leases["jobs"][0];
     assert_eq!(lease["id"], running.id.0);
     assert_eq!(lease["holder"], "host-b:2");
+    assert_eq!(lease["partition_key"], "partner-7");
     assert_eq!(lease["generation"], 1);
+    let text = ctl(&db).arg("lease").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("partition") && text.contains("partner-7"),
+        "the lease table names the partition: {text}"
+    );
     let left = lease["lease_left_ms"].as_i64().unwrap();
     assert!(left > 0 && left <= 90_000, "{left}");
     db.drop_db().await;
@@ -289,34 +323,87 @@ async fn purge_pause_resume_and_drain() {
 }
 
 /// Limits set by queuectl hold for a worker's handle in another process at once, show in
-/// `status`, and go when set without values; bad values change nothing.
+/// `status` (text and JSON), and go when set without values; bad values change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_limit_sets_shows_and_clears_the_limits() {
     let db = ScratchDb::new().await;
     let queue = db.queue().await;
-    for n in 0..6 {
+    // Four jobs of one partner first, then two without a partition.
+    let mut partner = Vec::new();
+    for n in 0..4 {
+        let job = NewJob::from_value(json!({ "n": n })).partition_key("partner-1");
+        partner.push(queue.enqueue(job).await.unwrap().id);
+    }
+    for n in 4..6 {
         queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
     }
     let set = json_of(
         &db,
-        &["queue", "limit", "--max-in-flight", "2", "--rate", "5/1m"],
+        &[
+            "queue",
+            "limit",
+            "--max-in-flight",
+            "3",
+            "--rate",
+            "5/1m",
+            "--max-per-partition",
+            "2",
+        ],
         0,
     );
-    assert_eq!(set["limits"]["max_in_flight"], 2);
+    assert_eq!(set["limits"]["max_in_flight"], 3);
     assert_eq!(set["limits"]["rate"]["starts"], 5);
     assert_eq!(set["limits"]["rate"]["per_ms"], 60_000);
+    assert_eq!(set["limits"]["max_per_partition"], 2);
     let status = json_of(&db, &["status"], 0);
     assert_eq!(status["queues"][0]["limits"], set["limits"]);
-    let claimed = queue
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("at most 3 in flight, 5 starts per 60s, at most 2 in flight per partition"),
+        "{text}"
+    );
+
+    // The partner's two earliest jobs; then the partner is at its limit, and the queue has
+    // room for one more: a job without a partition.
+    let first = queue
+        .claim(ClaimRequest::new(2, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    let mut ids: Vec<i64> = first.iter().map(|job| job.id.0).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        [partner[0].0, partner[1].0],
+        "the earliest jobs: the partner's"
+    );
+    let second = queue
         .claim(ClaimRequest::new(10, Lease::DEFAULT))
         .await
         .unwrap()
         .jobs;
-    assert_eq!(claimed.len(), 2, "at most 2 in flight");
+    assert_eq!(second.len(), 1, "at most 3 in flight");
+    assert!(
+        !partner.contains(&second[0].id),
+        "at most 2 of one partition in flight: {:?}",
+        second[0].id
+    );
 
     json_of(&db, &["queue", "limit", "--max-in-flight", "0"], 2);
     json_of(&db, &["queue", "limit", "--rate", "0/1m"], 2);
     json_of(&db, &["queue", "limit", "--rate", "5"], 2);
+    json_of(&db, &["queue", "limit", "--max-per-partition", "0"], 2);
+    let refused = ctl(&db)
+        .args(["queue", "limit", "--max-per-partition", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--max-per-partition") && stderr.contains("'0'"),
+        "{stderr}"
+    );
     let status = json_of(&db, &["status"], 0);
     assert_eq!(
         status["queues"][0]["limits"], set["limits"],
@@ -326,12 +413,18 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
     let cleared = json_of(&db, &["queue", "limit"], 0);
     assert_eq!(cleared["limits"]["max_in_flight"], Value::Null);
     assert_eq!(cleared["limits"]["rate"], Value::Null);
+    assert_eq!(cleared["limits"]["max_per_partition"], Value::Null);
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(status["queues"][0]["limits"], cleared["limits"]);
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(!text.contains("in flight"), "limits still shown: {text}");
     let rest = queue
         .claim(ClaimRequest::new(10, Lease::DEFAULT))
         .await
         .unwrap()
         .jobs;
-    assert_eq!(rest.len(), 4, "no limits: the rest");
+    assert_eq!(rest.len(), 3, "no limits: the rest, the partner's too");
     db.drop_db().await;
 }
 

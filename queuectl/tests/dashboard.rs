@@ -270,7 +270,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     let mail_limits = queue_core::QueueLimits {
         max_in_flight: Some(4),
         rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
-        max_per_partition: None,
+        max_per_partition: Some(1),
     };
     Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap())
         .set_limits(mail_limits)
@@ -283,7 +283,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     client.goto(&format!("{base}/")).await.unwrap();
     assert_eq!(
         text(&client, "section[data-queue='mail'] p[data-limits]").await,
-        "Limits: at most 4 in flight, 100 starts per 60s"
+        "Limits: at most 4 in flight, 100 starts per 60s, at most 1 in flight per partition"
     );
     let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
     let card = "section[data-queue='default']";
@@ -327,6 +327,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
         .await
         .unwrap();
     assert_eq!(text(&client, "dd[data-field='status']").await, "dead");
+    assert_eq!(text(&client, "dd[data-field='partition_key']").await, "–");
     assert_eq!(
         text(&client, "dd[data-field='last_error']").await,
         SCRIPT_IN_ERROR
