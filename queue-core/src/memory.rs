@@ -111,8 +111,9 @@ impl State {
 
 impl State {
     /// The due jobs a claim of a queue limited to `per` in flight per partition may take, at
-    /// most `wanted`, in claim order: those without a partition, and the offers of the
-    /// partitions a [`PartitionWalk`] visits (see [`crate::partition`]); and the walk, for the
+    /// most `wanted`, in claim order (see [`crate::partition`]): the earliest due jobs when they
+    /// [`fit`](crate::partition::fits); otherwise those without a partition among the earliest,
+    /// and the offers of the partitions a [`PartitionWalk`] visits, with the walk, for the
     /// cursor.
     fn partitioned_due(
         &self,
@@ -120,22 +121,35 @@ impl State {
         per: u32,
         wanted: usize,
         now: DateTime<Utc>,
-    ) -> (Vec<Due>, PartitionWalk) {
+    ) -> (Vec<Due>, Option<PartitionWalk>) {
         let mut running: HashMap<&str, u64> = HashMap::new();
         for id in self.in_flight.get(queue).into_iter().flatten() {
             if let Some(key) = self.jobs.get(id).and_then(|j| j.partition_key.as_deref()) {
                 *running.entry(key).or_default() += 1;
             }
         }
-        let mut due: Vec<Due> = self
-            .due
-            .get(queue)
+        let earliest = |n: usize| -> Vec<Due> {
+            self.due
+                .get(queue)
+                .into_iter()
+                .flatten()
+                .take_while(|(at, _, _)| *at <= now)
+                .take(n)
+                .copied()
+                .collect()
+        };
+        let plain = earliest(wanted);
+        let keys_of = plain
+            .iter()
+            .map(|(_, _, id)| self.jobs[id].partition_key.as_deref());
+        let held = |key: &str| running.get(key).copied().unwrap_or(0);
+        if crate::partition::fits(per, keys_of, held) {
+            return (plain, None);
+        }
+        let mut due: Vec<Due> = earliest(crate::partition::loose_read_ahead(wanted as u32))
             .into_iter()
-            .flatten()
-            .take_while(|(at, _, _)| *at <= now)
             .filter(|(_, _, id)| self.jobs[id].partition_key.is_none())
             .take(wanted)
-            .copied()
             .collect();
         let cursor = self.partition_cursor.get(queue).cloned();
         let mut walk = PartitionWalk::new(cursor, per, wanted as u32);
@@ -150,8 +164,7 @@ impl State {
                 .next()
                 .map(|(key, set)| {
                     let is_due = set.first().is_some_and(|(at, _, _)| *at <= now);
-                    let in_flight = running.get(key.as_str()).copied().unwrap_or(0);
-                    (key.clone(), is_due, in_flight)
+                    (key.clone(), is_due, held(key))
                 });
             walk.found(found);
         }
@@ -164,7 +177,7 @@ impl State {
         }
         due.sort();
         due.truncate(wanted);
-        (due, walk)
+        (due, Some(walk))
     }
 
     fn unindex(&mut self, job: &JobRecord) {
@@ -701,10 +714,7 @@ impl Backend for MemoryBackend {
                     .unwrap_or_default();
                 (due, None)
             }
-            Some(per) => {
-                let (due, walk) = state.partitioned_due(queue, per, new_limit, now);
-                (due, Some(walk))
-            }
+            Some(per) => state.partitioned_due(queue, per, new_limit, now),
         };
         let mut expired: Vec<(DateTime<Utc>, i16, i64)> = state
             .in_flight

@@ -1,22 +1,28 @@
 //! How a claim of a queue with a limit per partition
-//! ([`QueueLimits::max_per_partition`](crate::QueueLimits)) chooses partitions: the one rule
-//! every backend applies (PostgreSQL in SQL, `claim_limited.sql`; the others through
-//! [`PartitionWalk`]).
+//! ([`QueueLimits::max_per_partition`](crate::QueueLimits)) chooses its jobs: the one rule
+//! every backend applies (PostgreSQL in SQL, `claim_limited.sql`; the others through [`fits`]
+//! and [`PartitionWalk`]).
 //!
-//! Partitions take turns. The queue keeps a cursor: the partition key where the last claim
-//! stopped. A claim visits the keys of the queue's pending jobs in key order, starting after the
-//! cursor and wrapping around to the first key, each key once. A key *yields* when it has a due
-//! job and fewer than the limit of its jobs in flight; it offers its earliest due jobs, up to its
-//! room. The walk stops once as many keys yielded as the claim may take new jobs, or after
-//! [`MAX_PARTITION_VISITS`] keys (so a claim's cost is bounded however many partitions exist).
-//! The claim then takes, from these offers and the queue's due jobs without a partition, the
-//! earliest in the usual order (due time, priority, id).
+//! A claim first looks at what it would take without partitions: the queue's earliest due
+//! jobs. When that puts no partition over its limit (counting the partition's jobs already in
+//! flight, leases expired or not), it takes them: while no partition is at its limit, jobs run
+//! in the usual order (due time, priority, id), at the cost of an unlimited claim.
+//!
+//! Otherwise the partitions take turns. The queue keeps a cursor: the partition key where the
+//! last such claim stopped. The claim visits the keys of the queue's pending jobs in key order,
+//! starting after the cursor and wrapping around to the first key, each key once. A key
+//! *yields* when it has a due job and fewer than the limit of its jobs in flight; it offers its
+//! earliest due jobs, up to its room. The walk stops once as many keys yielded as the claim may
+//! take new jobs, or after [`MAX_PARTITION_VISITS`] keys (so a claim's cost is bounded however
+//! many partitions exist). The claim then takes, from these offers and the due jobs without a
+//! partition among the queue's earliest (eight times the claim's size, at most 1 000), the
+//! earliest in the usual order.
 //!
 //! The cursor moves to the last key visited, except when a key yielded and none of its jobs was
 //! taken (the batch filled with earlier jobs first): it then stops just before that key, which
 //! comes first in the next claim. So a partition at its limit is passed over, a partition's
-//! backlog never holds back another's, and every partition with due work is visited within
-//! `partitions / batch` claims.
+//! backlog never holds back another's once it reaches its limit, and every partition with due
+//! work is visited within `partitions / batch` claims.
 //!
 //! ```
 //! use queue_core::partition::{PartitionWalk, Probe};
@@ -36,6 +42,44 @@
 //! // "a" yielded but its job was not taken: the next claim starts with it.
 //! assert_eq!(walk.cursor_after(|key| key != "a"), Some("c".to_owned()));
 //! ```
+
+/// Whether a claim may take the jobs it would take without partitions (the partition key of
+/// each, `None` for a job without one) as they are: no partition then has more than `limit` of
+/// its jobs in flight, counting `in_flight(key)` already there. When it may not, the partitions
+/// take turns ([`PartitionWalk`]).
+///
+/// ```
+/// use queue_core::partition::fits;
+///
+/// let held = |key: &str| if key == "a" { 1 } else { 0 };
+/// assert!(fits(2, [Some("a"), Some("b"), None, Some("b")], held));
+/// assert!(!fits(2, [Some("a"), Some("a")], held), "a would have three");
+/// ```
+pub fn fits<'a>(
+    limit: u32,
+    picked: impl IntoIterator<Item = Option<&'a str>>,
+    in_flight: impl Fn(&str) -> u64,
+) -> bool {
+    let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for key in picked.into_iter().flatten() {
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .all(|(key, n)| n + in_flight(key) <= u64::from(limit))
+}
+
+/// How many of the queue's earliest due jobs a claim whose partitions take turns reads to find
+/// the jobs without a partition among them: eight times the jobs it may take, at most
+/// [`MAX_LOOSE_READ_AHEAD`].
+pub fn loose_read_ahead(wanted: u32) -> usize {
+    (wanted as usize)
+        .saturating_mul(8)
+        .min(MAX_LOOSE_READ_AHEAD)
+}
+
+/// The most due jobs [`loose_read_ahead`] reads.
+pub const MAX_LOOSE_READ_AHEAD: usize = 1_000;
 
 /// The most partition keys one claim visits.
 pub const MAX_PARTITION_VISITS: usize = 1_000;

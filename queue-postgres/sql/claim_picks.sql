@@ -7,7 +7,7 @@
 -- from a queue besides a pause (claim.sql's: limits, which only claim_limited.sql applies;
 -- claim_limited.sql's: nothing).
 expired AS MATERIALIZED (
-    SELECT id, next_attempt_at, priority, reclaims, true AS expired
+    SELECT id, next_attempt_at, priority, reclaims, true AS expired, partition_key
     FROM "{{table}}"
     WHERE queue = $1 AND status = 'in_flight'
       AND (lease_expires_at < now() OR lease_expires_at IS NULL)

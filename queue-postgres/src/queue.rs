@@ -18,7 +18,7 @@ use crate::error::PgError;
 use crate::ident::TableName;
 use crate::schema;
 use crate::sql::{self, Sql};
-use crate::statement::{self, EnqueueTarget};
+use crate::statement::{self, EnqueueTarget, LimitedForm};
 use crate::wake::ListenerGuard;
 
 /// A queue in a PostgreSQL table, on driver `D`'s pool. Cloning is cheap and shares everything.
@@ -27,6 +27,18 @@ use crate::wake::ListenerGuard;
 /// [`TokioPostgresQueue`](crate::TokioPostgresQueue) (tokio-postgres + deadpool-postgres).
 pub struct PostgresQueue<D: Driver> {
     inner: Arc<Inner<D>>,
+}
+
+/// The most jobs `request` asks for.
+fn batch(request: &ClaimRequest) -> usize {
+    request.batch_size.max(1) as usize
+}
+
+/// `request` for what is left of its batch after `taken` jobs.
+fn rest_of(request: &ClaimRequest, taken: usize) -> ClaimRequest {
+    let mut rest = request.clone();
+    rest.batch_size = (batch(request) - taken.min(batch(request))).max(1) as u32;
+    rest
 }
 
 struct Inner<D: Driver> {
@@ -268,26 +280,51 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// A claim of a queue with limits: one statement that takes the queue's row lock and
-    /// claims within the limits (`claim_limited.sql`). When another claim of the queue
-    /// committed after the statement's snapshot (it waited for that claim's lock), its counts
-    /// are stale and it claims nothing: then the lock first and the statement after it, in one
-    /// transaction, so that the counts are read after the lock.
+    /// claims within the limits (`claim_limited.sql`), and a second one when its pick would put
+    /// a partition over its limit (`claim_turns.sql`, for the rest of the batch). When another
+    /// claim of the queue committed after a statement's snapshot (it waited for that claim's
+    /// lock), its counts are stale and it claims nothing: then the lock first and the
+    /// statements after it, in one transaction, so that the counts are read after the lock.
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
+        let mut jobs = Vec::new();
+        let mut form = LimitedForm::Pick;
         {
             let mut conn = D::acquire(&inner.pool).await?;
-            let (jobs, stale) =
-                statement::claim_limited::<D>(D::pooled(&mut conn), &inner.sql, queue, request)
-                    .await?;
-            if !stale {
-                return Ok(ClaimBatch { jobs });
+            loop {
+                let rest = rest_of(request, jobs.len());
+                let claim = statement::claim_limited::<D>(
+                    D::pooled(&mut conn),
+                    &inner.sql,
+                    queue,
+                    &rest,
+                    form,
+                )
+                .await?;
+                jobs.extend(claim.jobs);
+                if claim.stale {
+                    break;
+                }
+                if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
+                    return Ok(ClaimBatch { jobs });
+                }
+                form = LimitedForm::Turns;
             }
         }
         let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-        let (jobs, _) =
-            statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, request).await?;
+        loop {
+            let rest = rest_of(request, jobs.len());
+            let claim =
+                statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, &rest, form)
+                    .await?;
+            jobs.extend(claim.jobs);
+            if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
+                break;
+            }
+            form = LimitedForm::Turns;
+        }
         D::commit(tx).await?;
         self.saw_limits(!limits.is_none());
         Ok(ClaimBatch { jobs })

@@ -35,6 +35,9 @@ pub(crate) const CLAIM: Template = template!("claim.sql");
 pub(crate) const CLAIM_DUE: Template = template!("claim_due.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
 pub(crate) const CLAIM_LIMITED: Template = template!("claim_limited.sql");
+pub(crate) const CLAIM_TURNS: Template = template!("claim_turns.sql");
+pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
+pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const SET_LIMITS: Template = template!("set_limits.sql");
 pub(crate) const FINALIZE_CLAIM: Template = template!("finalize_claim.sql");
@@ -241,10 +244,9 @@ const LIMITED_GUARD: &str = "OR c.max_in_flight IS NOT NULL \
      OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL) \
      OR c.max_per_partition IS NOT NULL";
 
-/// How many of a partition-limited queue's earliest due jobs `claim_limited.sql` reads to find
-/// jobs without a partition key among them (`docs/operations.md`: give every job of such a
-/// queue a partition key).
-pub(crate) const LOOSE_READ_AHEAD: usize = 1_000;
+/// The most of a partition-limited queue's earliest due jobs `claim_limited.sql` reads to find
+/// jobs without a partition key among them when its partitions take turns.
+pub(crate) const LOOSE_READ_AHEAD: usize = queue_core::partition::MAX_LOOSE_READ_AHEAD;
 
 /// The claims' picks: `claim_due.sql` picking `due_batch` pending jobs, and `claim_picks.sql`
 /// taking `batch` of all it picked, both kept from a queue by `guard` as well as by a pause.
@@ -289,23 +291,50 @@ pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
     )
 }
 
-/// `claim_limited.sql` for `table`: the picks within the quota, on limited queues too; the due
-/// pick is `claim_due.sql`'s only for a queue without a limit per partition.
+/// The picks of `claim_limited.sql` and `claim_turns.sql`: within the quota, on limited queues
+/// too.
+const QUOTA_PICKS: Picks<'static> = Picks {
+    due_batch: "(SELECT new_jobs FROM quota)",
+    batch: "(SELECT all_jobs FROM quota)",
+    guard: "",
+};
+
+/// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
+/// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
-    let quota = Picks {
-        due_batch: "(SELECT CASE WHEN per_partition IS NULL THEN new_jobs ELSE 0 END FROM quota)",
-        batch: "(SELECT all_jobs FROM quota)",
-        guard: "",
-    };
-    let (due, picks) = claim_parts(table, &quota)?;
-    let read_ahead = LOOSE_READ_AHEAD.to_string();
-    let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
+    let (due, picks) = claim_parts(table, &QUOTA_PICKS)?;
+    let quota = for_table(CLAIM_QUOTA, table)?;
+    let logged = for_table_with(
+        CLAIM_LOGGED,
+        table,
+        &[("turns", "(SELECT binds FROM binding)")],
+    )?;
     for_table_with(
         CLAIM_LIMITED,
         table,
         &[
+            ("claim_quota", &quota),
             ("claim_due", &due),
             ("claim_picks", &picks),
+            ("claim_logged", &logged),
+        ],
+    )
+}
+
+/// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
+pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
+    let (_, picks) = claim_parts(table, &QUOTA_PICKS)?;
+    let quota = for_table(CLAIM_QUOTA, table)?;
+    let logged = for_table_with(CLAIM_LOGGED, table, &[("turns", "false")])?;
+    let read_ahead = LOOSE_READ_AHEAD.to_string();
+    let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
+    for_table_with(
+        CLAIM_TURNS,
+        table,
+        &[
+            ("claim_quota", &quota),
+            ("claim_picks", &picks),
+            ("claim_logged", &logged),
             ("loose_read_ahead", &read_ahead),
             ("max_visits", &max_visits),
         ],
@@ -401,6 +430,7 @@ pub(crate) struct Sql {
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_limited: Arc<str>,
+    pub(crate) claim_turns: Arc<str>,
     pub(crate) lock_queue: Arc<str>,
     pub(crate) set_limits: Arc<str>,
     pub(crate) finalize: Arc<str>,
@@ -434,6 +464,7 @@ impl Sql {
             notify: r(NOTIFY)?,
             claim: claim(table)?.into(),
             claim_limited: claim_limited(table)?.into(),
+            claim_turns: claim_turns(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
             set_limits: r(SET_LIMITS)?,
             finalize: r(FINALIZE)?,
@@ -570,6 +601,7 @@ mod tests {
                 .unwrap()
                 .starts_with(claim_first_line())
         );
+        assert!(claim_turns(&table).unwrap().starts_with(claim_first_line()));
     }
 
     #[test]

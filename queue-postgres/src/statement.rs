@@ -607,28 +607,50 @@ pub(crate) async fn lock_queue<D: Driver>(
     }
 }
 
-/// `claim_limited.sql`: the jobs claimed, and whether the statement found its snapshot stale
-/// (a claim of the queue committed after it was taken) and claimed nothing for that reason.
-/// Never stale after [`lock_queue`] in the same transaction.
+/// Which statement claims from a queue with limits: `claim_limited.sql`, or `claim_turns.sql`
+/// for a queue whose partitions take turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitedForm {
+    Pick,
+    Turns,
+}
+
+/// What a claim of a queue with limits did.
+#[derive(Debug, Default)]
+pub(crate) struct LimitedClaim {
+    pub(crate) jobs: Vec<ClaimedJob>,
+    /// A claim of the queue committed after the statement's snapshot was taken: it claimed
+    /// nothing (never after [`lock_queue`] in the same transaction).
+    pub(crate) stale: bool,
+    /// Its pick would have put a partition over its limit: it took no pending job, and
+    /// `claim_turns.sql` should claim the rest of the batch.
+    pub(crate) turns: bool,
+}
+
+/// `claim_limited.sql` or `claim_turns.sql`.
 pub(crate) async fn claim_limited<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-) -> Result<(Vec<ClaimedJob>, bool), PgError> {
+    form: LimitedForm,
+) -> Result<LimitedClaim, PgError> {
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
-    let rows = D::query(conn, &sql.claim_limited, &params).await?;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut stale = false;
+    let statement = match form {
+        LimitedForm::Pick => &sql.claim_limited,
+        LimitedForm::Turns => &sql.claim_turns,
+    };
+    let rows = D::query(conn, statement, &params).await?;
+    let mut claim = LimitedClaim::default();
     for row in &rows {
-        if get::<D, Option<i64>>(row, "id")?.is_none() {
-            stale = true;
-        } else {
-            jobs.push(claimed_job::<D>(row)?);
+        match get::<D, Option<String>>(row, "marker")?.as_deref() {
+            None => claim.jobs.push(claimed_job::<D>(row)?),
+            Some("stale") => claim.stale = true,
+            Some(_) => claim.turns = true,
         }
     }
-    Ok((jobs, stale))
+    Ok(claim)
 }
 
 /// `record_stale.sql`.

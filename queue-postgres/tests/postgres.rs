@@ -756,14 +756,13 @@ async fn partitioned_claim_walks_the_partition_index_with_a_large_backlog() {
         ..QueueLimits::NONE
     };
     queue.set_limits(limits).await.unwrap();
-    let claim = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let explain = |analyze: bool| {
+    let explain = |sql: String, analyze: bool| {
         let options = if analyze {
             "ANALYZE, BUFFERS, FORMAT JSON"
         } else {
             "FORMAT JSON"
         };
-        sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!("EXPLAIN ({options}) {claim}")))
+        sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!("EXPLAIN ({options}) {sql}")))
             .bind("default")
             .bind(10_i64)
             .bind(90.0_f64)
@@ -772,34 +771,52 @@ async fn partitioned_claim_walks_the_partition_index_with_a_large_backlog() {
             .bind(42_i64)
             .bind(Vec::<i64>::new())
     };
-    let plan = explain(false).fetch_one(&db.pool).await.unwrap();
-    let mut all = Vec::new();
-    nodes(&plan[0]["Plan"], &mut all);
-    assert!(
-        all.iter().all(|n| n["Node Type"] != "Seq Scan"),
-        "the partitioned claim scans a table: {plan:#}"
-    );
-    for cte in ["after_cursor", "offers"] {
-        let root = all
-            .iter()
-            .find(|n| n["Subplan Name"] == format!("CTE {cte}"))
-            .unwrap_or_else(|| panic!("no CTE {cte} in {plan:#}"));
-        let mut under = Vec::new();
-        nodes(root, &mut under);
+    let table = TableName::default();
+    let pick = queue_postgres::testing::claim_limited_sql(&table);
+    let turns = queue_postgres::testing::claim_turns_sql(&table);
+    for (sql, indexes) in [
+        (&pick, vec![("plain", "queue_jobs_due_idx")]),
+        (
+            &turns,
+            vec![
+                ("after_cursor", "queue_jobs_partition_idx"),
+                ("offers", "queue_jobs_partition_idx"),
+            ],
+        ),
+    ] {
+        let plan = explain(sql.clone(), false)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let mut all = Vec::new();
+        nodes(&plan[0]["Plan"], &mut all);
         assert!(
-            under
-                .iter()
-                .any(|n| n["Index Name"] == "queue_jobs_partition_idx"),
-            "CTE {cte} does not use the partition index: {root:#}"
+            all.iter().all(|n| n["Node Type"] != "Seq Scan"),
+            "a partitioned claim scans a table: {plan:#}"
         );
+        for (cte, index) in indexes {
+            let root = all
+                .iter()
+                .find(|n| n["Subplan Name"] == format!("CTE {cte}"))
+                .unwrap_or_else(|| panic!("no CTE {cte} in {plan:#}"));
+            let mut under = Vec::new();
+            nodes(root, &mut under);
+            assert!(
+                under.iter().any(|n| n["Index Name"] == index),
+                "CTE {cte} does not use {index}: {root:#}"
+            );
+        }
+        let mut tx = db.pool.begin().await.unwrap();
+        let run = explain(sql.clone(), true)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        let top = &run[0]["Plan"];
+        let pages = top["Shared Hit Blocks"].as_i64().unwrap()
+            + top["Shared Read Blocks"].as_i64().unwrap();
+        assert!(pages < 3_000, "a claim of 10 read {pages} pages: {run:#}");
     }
-    let mut tx = db.pool.begin().await.unwrap();
-    let run = explain(true).fetch_one(&mut *tx).await.unwrap();
-    tx.rollback().await.unwrap();
-    let top = &run[0]["Plan"];
-    let pages =
-        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
-    assert!(pages < 3_000, "a claim of 10 read {pages} pages: {run:#}");
 
     // And for real: ten partitions not at their limit, one job each, the cursor after them.
     let jobs = queue.claim(req(10)).await.unwrap().jobs;

@@ -289,7 +289,7 @@ impl PartitionSql {
                 [probe(true, false), probe(true, true)],
             ],
             offers: format!(
-                "SELECT id, next_attempt_at, priority, reclaims,
+                "SELECT id, next_attempt_at, priority, reclaims, partition_key,
                         cancel_requested_at IS NOT NULL AS cancel_requested
                  FROM {t} INDEXED BY \"{table}_partition_idx\"
                  WHERE queue = ?1 AND status = 'pending' AND partition_key = ?2
@@ -297,15 +297,14 @@ impl PartitionSql {
                  ORDER BY next_attempt_at, priority, id LIMIT ?3"
             ),
             loose: format!(
-                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested FROM (
+                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested, partition_key FROM (
                      SELECT id, next_attempt_at, priority, reclaims, partition_key,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM {t} INDEXED BY \"{table}_due_idx\"
                      WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
-                     ORDER BY next_attempt_at, priority, id LIMIT {read_ahead})
+                     ORDER BY next_attempt_at, priority, id LIMIT ?3)
                  WHERE partition_key IS NULL
-                 ORDER BY next_attempt_at, priority, id LIMIT ?2",
-                read_ahead = LOOSE_READ_AHEAD
+                 ORDER BY next_attempt_at, priority, id LIMIT ?2"
             ),
             set_cursor: format!(
                 "UPDATE {q} SET partition_cursor = ?2 WHERE queue = ?1
@@ -315,12 +314,8 @@ impl PartitionSql {
     }
 }
 
-/// How many of a partition-limited queue's earliest due jobs a claim reads to find the jobs
-/// without a partition key among them (as on PostgreSQL; `docs/operations.md`).
-const LOOSE_READ_AHEAD: usize = 1_000;
-
 /// A job a claim may take: its place in claim order, and what the claim reports of it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pick {
     due: f64,
     priority: i64,
@@ -328,6 +323,7 @@ struct Pick {
     reclaims: i64,
     expired: bool,
     cancel_requested: bool,
+    partition: Option<String>,
 }
 
 impl Pick {
@@ -341,6 +337,7 @@ impl Pick {
             reclaims: row.try_get("reclaims").map_err(db)?,
             expired,
             cancel_requested: row.try_get("cancel_requested").map_err(db)?,
+            partition: row.try_get("partition_key").map_err(db)?,
         })
     }
 
@@ -394,22 +391,22 @@ impl Sql {
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
             pick: format!(
-                "SELECT id, reclaims, expired, cancel_requested,
+                "SELECT id, reclaims, expired, cancel_requested, partition_key,
                         next_attempt_at + 0 AS pick_due, priority + 0 AS pick_priority FROM (
                      SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested
+                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
                            WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
                            ORDER BY next_attempt_at, priority, id LIMIT ?3)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested
+                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at IS NULL
                            LIMIT ?2)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested
+                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at < {now}
                            ORDER BY lease_expires_at LIMIT ?2)
@@ -1029,17 +1026,10 @@ impl SqliteQueue {
             tx.rollback_now().await;
             return Ok(ClaimBatch::default());
         }
-        // With a limit per partition, the due jobs come from the partitions' walk; the pick
-        // then gives the expired leases only.
-        let partitioned = match limits.max_per_partition {
-            Some(per) => Some(self.partition_picks(&mut tx, per, room.new, cursor).await?),
-            None => None,
-        };
-        let due_in_pick = if partitioned.is_some() { 0 } else { room.new };
         let rows = sqlx::query(AssertSqlSafe(sql.pick.as_str()))
             .bind(self.queue_str())
             .bind(i64::from(room.all))
-            .bind(i64::from(due_in_pick))
+            .bind(i64::from(room.new))
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
@@ -1050,13 +1040,29 @@ impl SqliteQueue {
             // SQLite sort each pick before merging them instead of sorting the merge once.
             picked.push(Pick::of(row, expired, "pick_due", "pick_priority")?);
         }
-        if let Some((due, _, _)) = &partitioned {
-            picked.extend(due.iter().copied());
-            picked.sort_by(Pick::cmp);
-            picked.truncate(room.all as usize);
+        // With a limit per partition, the earliest due jobs are taken as they are when they fit;
+        // otherwise the partitions take turns (queue_core::partition).
+        let mut walked = None;
+        if let Some(per) = limits.max_per_partition {
+            let held = self.partitions_held(&mut tx).await?;
+            let in_flight = |key: &str| held.get(key).copied().unwrap_or(0).max(0) as u64;
+            let keys = picked
+                .iter()
+                .filter(|p| !p.expired)
+                .map(|p| p.partition.as_deref());
+            if !queue_core::partition::fits(per, keys, in_flight) {
+                picked.retain(|p| p.expired);
+                let (due, walk, offered) = self
+                    .partition_picks(&mut tx, per, room.new, cursor, &in_flight)
+                    .await?;
+                picked.extend(due);
+                picked.sort_by(Pick::cmp);
+                picked.truncate(room.all as usize);
+                walked = Some((walk, offered));
+            }
         }
         if picked.is_empty() {
-            if let Some((_, walk, _)) = &partitioned {
+            if let Some((walk, _)) = &walked {
                 self.move_cursor(&mut tx, walk, |_| false).await?;
                 tx.commit_now().await?;
             } else {
@@ -1067,7 +1073,7 @@ impl SqliteQueue {
         let order: Vec<i64> = picked.iter().map(|p| p.id).collect();
         let expired: Vec<i64> = picked.iter().filter(|p| p.expired).map(|p| p.id).collect();
         let flags: std::collections::HashMap<i64, Pick> =
-            picked.iter().map(|p| (p.id, *p)).collect();
+            picked.iter().map(|p| (p.id, p.clone())).collect();
         let json = |ids: &[i64]| Value::from(ids.to_vec()).to_string();
         let rows = sqlx::query(AssertSqlSafe(sql.claim.as_str()))
             .bind(json(&order))
@@ -1115,7 +1121,7 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
         }
-        if let Some((_, walk, keys)) = &partitioned {
+        if let Some((walk, keys)) = &walked {
             let taken: std::collections::HashSet<&str> = jobs
                 .iter()
                 .filter_map(|job| keys.get(&job.id.0).map(String::as_str))
@@ -1140,6 +1146,7 @@ impl SqliteQueue {
         per: u32,
         wanted: u32,
         cursor: Option<String>,
+        in_flight: &impl Fn(&str) -> u64,
     ) -> Result<
         (
             Vec<Pick>,
@@ -1150,21 +1157,12 @@ impl SqliteQueue {
     > {
         let sql = &self.inner.sql.partitions;
         let queue = self.queue_str();
-        let db = SqliteError::Database;
         let mut offered = std::collections::HashMap::new();
         let mut picks = Vec::new();
         let mut walk = PartitionWalk::new(cursor, per, wanted);
         if wanted == 0 {
             return Ok((picks, walk, offered));
         }
-        let held: std::collections::HashMap<String, i64> =
-            sqlx::query_as(AssertSqlSafe(sql.held.as_str()))
-                .bind(queue)
-                .fetch_all(tx.conn())
-                .await
-                .map_err(|e| self.err(e))?
-                .into_iter()
-                .collect();
         while let Some(probe) = walk.probe() {
             let statement =
                 &sql.probe[usize::from(probe.after.is_some())][usize::from(probe.up_to.is_some())];
@@ -1176,8 +1174,8 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
             let found = found.map(|(key, due)| {
-                let in_flight = held.get(&key).copied().unwrap_or(0).max(0) as u64;
-                (key, due, in_flight)
+                let running = in_flight(&key);
+                (key, due, running)
             });
             walk.found(found);
         }
@@ -1195,18 +1193,34 @@ impl SqliteQueue {
                 picks.push(pick);
             }
         }
+        let read_ahead = queue_core::partition::loose_read_ahead(wanted) as i64;
         let rows = sqlx::query(AssertSqlSafe(sql.loose.as_str()))
             .bind(queue)
             .bind(i64::from(wanted))
+            .bind(read_ahead)
             .fetch_all(tx.conn())
             .await
-            .map_err(db)?;
+            .map_err(|e| self.err(e))?;
         for row in &rows {
             picks.push(Pick::of(row, false, "next_attempt_at", "priority")?);
         }
         picks.sort_by(Pick::cmp);
         picks.truncate(wanted as usize);
         Ok((picks, walk, offered))
+    }
+
+    /// The queue's jobs in flight per partition key.
+    async fn partitions_held(
+        &self,
+        tx: &mut SqliteTx,
+    ) -> Result<std::collections::HashMap<String, i64>, SqliteError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as(AssertSqlSafe(self.inner.sql.partitions.held.as_str()))
+                .bind(self.queue_str())
+                .fetch_all(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+        Ok(rows.into_iter().collect())
     }
 
     /// Stores the queue's partition cursor after a claim whose walk was `walk`.

@@ -241,6 +241,13 @@ struct Options {
     /// Limit the queue's starts: STARTS/MILLISECONDS (`QueueLimits::rate`), such as 1000000/1000.
     #[arg(long, value_parser = parse_rate)]
     limit_rate: Option<queue_core::RateLimit>,
+    /// Put the throughput phase's jobs in this many partitions (`NewJob::partition_key`), in
+    /// turn (0: none).
+    #[arg(long, default_value_t = 0)]
+    partitions: u32,
+    /// Limit each partition to this many jobs in flight (`QueueLimits::max_per_partition`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    limit_per_partition: Option<u32>,
 }
 
 fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
@@ -257,7 +264,16 @@ impl Options {
         queue_core::QueueLimits {
             max_in_flight: self.limit_in_flight,
             rate: self.limit_rate,
-            max_per_partition: None,
+            max_per_partition: self.limit_per_partition,
+        }
+    }
+
+    /// The throughput phase's job number `n`, in its partition when there are partitions.
+    fn job(&self, n: usize) -> NewJob {
+        let job = NewJob::from_value(json!({ "n": n }));
+        match self.partitions {
+            0 => job,
+            partitions => job.partition_key(format!("p{}", n % partitions as usize)),
         }
     }
 }
@@ -325,10 +341,7 @@ async fn throughput_run<B: queue_core::Admin>(
     let start = Instant::now();
     let mut ids = Vec::with_capacity(o.jobs);
     for chunk in (0..o.jobs).collect::<Vec<_>>().chunks(1000) {
-        let jobs = chunk
-            .iter()
-            .map(|n| NewJob::from_value(json!({ "n": n })))
-            .collect();
+        let jobs = chunk.iter().map(|n| o.job(*n)).collect();
         ids.extend(
             queue
                 .enqueue_many(jobs)

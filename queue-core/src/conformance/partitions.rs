@@ -129,44 +129,66 @@ cases! {
         assert_eq!(b.counts().await.unwrap().in_flight, 3);
     }
 
-    /// Partitions take turns in key order from where the last claim stopped: one job per claim
-    /// goes round every partition before any partition's second job, whatever order the jobs
-    /// were enqueued in.
-    pub async fn partitions_take_turns<H: Harness>(h: Arc<H>) {
+    /// While no partition is at its limit, jobs run in the usual order; once one is, the
+    /// partitions take turns in key order from where the last claim stopped, whatever order
+    /// the jobs were enqueued in.
+    pub async fn partitions_take_turns_once_one_is_at_its_limit<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         for key in ["k0", "k1", "k2", "k3"] {
             enqueue_in(b, Some(key), 3).await;
         }
         b.set_limits(per_partition(1)).await.unwrap();
-        let mut order = Vec::new();
-        for _ in 0..12 {
-            let jobs = claim(b, 1).await.jobs;
-            assert_eq!(jobs.len(), 1, "a claim of one after {order:?}");
-            order.extend(partitions_of(b, &jobs).await.into_iter().flatten());
-            complete(b, &jobs).await;
+        // One at a time, each finished before the next: no limit is ever reached.
+        let jobs = claim(b, 1).await.jobs;
+        assert_eq!(partitions_of(b, &jobs).await, [Some("k0".to_owned())]);
+        complete(b, &jobs).await;
+        // Two at a time, held: the two earliest are both k0's, so the partitions take turns.
+        let mut rounds = Vec::new();
+        for _ in 0..5 {
+            let first = claim(b, 2).await.jobs;
+            let second = claim(b, 2).await.jobs;
+            let mut round = partitions_of(b, &first).await;
+            round.extend(partitions_of(b, &second).await);
+            rounds.push(round.into_iter().flatten().collect::<Vec<_>>());
+            complete(b, &first).await;
+            complete(b, &second).await;
         }
-        let round = ["k0", "k1", "k2", "k3"];
-        let expected: Vec<&str> = round.iter().cycle().take(12).copied().collect();
-        assert_eq!(order, expected);
-        assert!(claim(b, 1).await.jobs.is_empty());
+        let turn = |keys: [&str; 4]| keys.map(str::to_owned).to_vec();
+        assert_eq!(
+            rounds,
+            [
+                turn(["k0", "k1", "k2", "k3"]),
+                turn(["k0", "k1", "k2", "k3"]),
+                // k0 is done; the last three fit as they are.
+                vec!["k1".to_owned(), "k2".to_owned(), "k3".to_owned()],
+                vec![],
+                vec![],
+            ]
+        );
     }
 
-    /// When a claim's batch fills with earlier jobs and a partition it visited had nothing
-    /// taken, that partition keeps its turn: the next claim starts with it.
+    /// When a claim whose partitions take turns fills its batch with earlier jobs, and a
+    /// partition it visited had nothing taken, that partition keeps its turn: the next claim
+    /// starts with it, not after the last partition visited.
     pub async fn a_partition_whose_offer_was_not_taken_keeps_its_turn<H: Harness>(h: Arc<H>) {
         let b = h.backend();
+        let a = enqueue_in(b, Some("a"), 2).await;
         let loose = enqueue_in(b, None, 2).await;
-        for key in ["a", "b", "c"] {
-            enqueue_in(b, Some(key), 1).await;
+        let mut later = Vec::new();
+        for key in ["b", "c", "d"] {
+            later.extend(enqueue_in(b, Some(key), 1).await);
         }
         b.set_limits(per_partition(1)).await.unwrap();
-        let first = claim(b, 2).await.jobs;
+        // The earliest three are a's two and a loose job: a would have two, so the walk visits
+        // a, b and c, and the batch takes a's first and the two loose jobs, earlier than b's
+        // and c's.
+        let first = claim(b, 3).await.jobs;
         let mut ids: Vec<JobId> = first.iter().map(|j| j.id).collect();
         ids.sort();
-        assert_eq!(ids, loose, "the two earlier jobs without a partition fill the batch");
-        complete(b, &first).await;
+        assert_eq!(ids, [a[0], loose[0], loose[1]]);
+        // a is at its limit; b, visited and passed over, comes first.
         let next = claim(b, 1).await.jobs;
-        assert_eq!(partitions_of(b, &next).await, [Some("a".to_owned())], "a kept its turn");
+        assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), [later[0]], "b kept its turn");
     }
 
     /// Eight claimers at once, each finishing what it claimed: no partition ever has more jobs

@@ -196,10 +196,16 @@ pub fn claim_sql(table: &TableName) -> String {
     crate::sql::claim(table).expect("the claim renders for any table")
 }
 
-/// The claim of a queue with limits (and partitions), rendered for `table`, for tests that read
-/// its plan: parameters as [`claim_sql`]'s.
+/// The claim of a queue with limits, rendered for `table`, for tests that read its plan:
+/// parameters as [`claim_sql`]'s.
 pub fn claim_limited_sql(table: &TableName) -> String {
     crate::sql::claim_limited(table).expect("the limited claim renders for any table")
+}
+
+/// The claim of a queue whose partitions take turns, rendered for `table`, for tests that read
+/// its plan: parameters as [`claim_sql`]'s.
+pub fn claim_turns_sql(table: &TableName) -> String {
+    crate::sql::claim_turns(table).expect("the partitions' claim renders for any table")
 }
 
 /// The claim that also writes outcomes, rendered for `table`, for tests that read its plan:

@@ -1,0 +1,53 @@
+-- The quota of a claim of a queue with limits (claim_limited.sql and claim_turns.sql render it
+-- in place of their claim_quota token, first; claim_limited.sql says what it guarantees).
+-- Parameters as claim.sql's. CTEs: control, the queue's controls row, locked (FOR UPDATE, which
+-- returns the row as the last claim to hold it committed it); seen, the same row as this
+-- statement's snapshot has it; quota: whether the snapshot is stale (a limited claim committed
+-- after it), how many new jobs and how many jobs in all the claim may take (0 when stale),
+-- the queue's max_per_partition and its partition cursor; held, with max_per_partition, the
+-- queue's jobs in flight per partition key (every in-flight row counts, as for max_in_flight),
+-- one read of the in-flight rows made a jsonb object, read by key in O(log n).
+control AS MATERIALIZED (
+    SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
+           c.max_per_partition, c.partition_cursor
+    FROM "{{table}}_queues" AS c
+    WHERE c.queue = $1
+    FOR UPDATE
+),
+seen AS MATERIALIZED (
+    SELECT claims FROM "{{table}}_queues" WHERE queue = $1
+),
+quota AS MATERIALIZED (
+    SELECT c.claims IS DISTINCT FROM (SELECT claims FROM seen) AS stale,
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
+           ELSE LEAST(GREATEST(0, COALESCE(c.max_in_flight - (
+                    SELECT count(*) FROM "{{table}}" AS j
+                    WHERE j.queue = $1 AND j.status = 'in_flight'), $2::bigint)),
+                    r.room)
+           END AS new_jobs,
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
+           ELSE r.room END AS all_jobs,
+           c.max_per_partition AS per_partition,
+           c.partition_cursor AS cursor_key
+    FROM control AS c
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN $2::bigint
+               ELSE GREATEST(0, LEAST($2::bigint, c.rate_starts - (
+                   SELECT COALESCE(sum((e ->> 1)::bigint), 0)
+                   FROM jsonb_array_elements(c.rate_log) AS e
+                   WHERE (e ->> 0)::float8
+                         > extract(epoch FROM clock_timestamp())::float8 * 1000 - c.rate_per_ms)))
+               END AS room
+    ) AS r
+    UNION ALL
+    SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text
+    WHERE NOT EXISTS (SELECT 1 FROM control)
+),
+held AS MATERIALIZED (
+    SELECT COALESCE(jsonb_object_agg(k.key, k.n), '{}') AS counts
+    FROM (SELECT j.partition_key AS key, count(*) AS n
+          FROM "{{table}}" AS j
+          WHERE j.queue = $1 AND j.status = 'in_flight' AND j.partition_key IS NOT NULL
+            AND (SELECT per_partition FROM quota) IS NOT NULL
+          GROUP BY j.partition_key) AS k
+)
