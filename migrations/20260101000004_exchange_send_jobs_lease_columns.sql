@@ -43,3 +43,15 @@ ALTER TABLE "exchange_send_jobs_queues"
 ALTER TABLE "exchange_send_jobs_queues"
     ADD COLUMN IF NOT EXISTS max_per_partition integer CHECK (max_per_partition > 0),
     ADD COLUMN IF NOT EXISTS partition_cursor  text;
+
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_schedules" (
+    queue    text        NOT NULL,
+    name     text        NOT NULL,
+    spec     text        NOT NULL,
+    missed   text        NOT NULL,
+    through  timestamptz,
+    next_at  timestamptz,
+    seen_at  timestamptz NOT NULL DEFAULT now(),
+    seen_by  text        NOT NULL,
+    PRIMARY KEY (queue, name)
+);

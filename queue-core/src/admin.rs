@@ -353,6 +353,36 @@ impl RateLimit {
     }
 }
 
+/// What a scheduler reports of one of its schedules after each pass
+/// ([`Admin::record_schedules`]), for operators to see the schedules in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleReport {
+    /// The schedule's name ([`Schedule::name`](crate::schedule::Schedule::name)).
+    pub name: String,
+    /// When its periods fall: `cron 0 7 * * * Europe/Berlin`, or `every 60s from …`
+    /// ([`Schedule::spec`](crate::schedule::Schedule::spec)).
+    pub spec: String,
+    /// What happens to missed periods: `skip after 60s`, `catch up within 21600s`
+    /// ([`Missed`](crate::schedule::Missed)).
+    pub missed: String,
+    /// The latest period this scheduler handled (enqueued or found enqueued).
+    pub through: Option<DateTime<Utc>>,
+    /// The next period, by the scheduler's clock.
+    pub next: Option<DateTime<Utc>>,
+}
+
+/// A schedule of the queue as its schedulers last reported it ([`Admin::schedules`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleInfo {
+    /// What the last scheduler to pass reported (`through` is the latest any reported).
+    pub report: ScheduleReport,
+    /// When a scheduler last reported it, by the store's clock: a schedule no scheduler runs
+    /// any more keeps its row, and this says since when nobody ran it.
+    pub seen_at: DateTime<Utc>,
+    /// The name of that scheduler ([`Scheduler::name`](crate::schedule::Scheduler::name)).
+    pub seen_by: String,
+}
+
 /// The jobs of a queue that ended in one minute ([`Admin::throughput`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MinuteCounts {
@@ -492,6 +522,22 @@ pub trait Admin: Backend {
     /// The jobs that ended in each of the last `minutes` minutes (the current one included),
     /// oldest first, one entry per minute (zeros included), at most 1 440.
     fn throughput(&self, minutes: u32) -> impl Future<Output = Result<Vec<MinuteCounts>>> + Send;
+
+    /// Stores what the scheduler `seen_by` runs on this queue (see [`ScheduleReport`]), one row
+    /// per schedule name, stamped with the store's clock; `through` never goes back (another
+    /// scheduler may lag). A [`Scheduler`](crate::schedule::Scheduler) calls it after each pass.
+    fn record_schedules(
+        &self,
+        seen_by: &str,
+        reports: &[ScheduleReport],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The schedules recorded for this queue ([`Admin::record_schedules`]), by name.
+    fn schedules(&self) -> impl Future<Output = Result<Vec<ScheduleInfo>>> + Send;
+
+    /// Forgets a schedule no scheduler runs any more; true when it was recorded. A scheduler
+    /// that still runs it records it again at its next pass.
+    fn forget_schedule(&self, name: &str) -> impl Future<Output = Result<bool>> + Send;
 
     /// Waits until no claim that started before this call is still running: a claim that
     /// started before a pause committed read the queue as running and may still take jobs.

@@ -94,6 +94,9 @@ pub const SCHEDULE_FAILED: &str = "queue.schedule_failed";
 pub const SCHEDULE_REFUSED: &str = "queue.schedule_refused";
 /// A retention run failed; it runs again at its next interval (warn).
 pub const RETENTION_FAILED: &str = "queue.retention_failed";
+/// A scheduler could not record its schedules for operators (`Admin::record_schedules`); its
+/// periods are enqueued all the same, and it records them again after its next pass (warn).
+pub const SCHEDULES_UNRECORDED: &str = "queue.schedules_unrecorded";
 /// An operator set a queue's limits (info).
 pub const QUEUE_LIMITS_SET: &str = "queue.queue_limits_set";
 /// Terminal jobs purged by an operator (info).
@@ -314,6 +317,15 @@ pub(crate) fn schedule_refused(
         period = %period,
         error = %error,
         "{SCHEDULE_REFUSED}: the store cannot hold this period's job; the period is skipped"
+    );
+}
+
+pub(crate) fn schedules_unrecorded(queue: &QueueName, error: &Error) {
+    tracing::warn!(
+        name: SCHEDULES_UNRECORDED,
+        queue = %queue,
+        error = %error,
+        "{SCHEDULES_UNRECORDED}: the schedules run; operators see the last record until the next"
     );
 }
 

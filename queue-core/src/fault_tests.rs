@@ -38,6 +38,8 @@ struct Faults {
     steal_after_lost_reply: AtomicBool,
     /// Every call waits forever: a database that accepts connections and never answers.
     hang: AtomicBool,
+    /// A scheduler's records of its schedules (`record_schedules`) fail with a connection error.
+    records_fail: AtomicBool,
     claim_calls: AtomicU32,
     enqueue_calls: AtomicU32,
     /// Fires at every enqueue call, before its fault gate.
@@ -74,6 +76,65 @@ impl Faulty {
 
     fn reply_lost(&self) -> bool {
         self.faults.lose_next_reply.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// The admin API of the memory backend underneath, but for recording schedules, which may fail.
+impl crate::Admin for Faulty {
+    async fn list_jobs(&self, filter: &crate::JobFilter) -> Result<crate::JobPage> {
+        self.inner.list_jobs(filter).await
+    }
+    async fn find_by_unique_key(&self, key: &str) -> Result<Option<JobRecord>> {
+        self.inner.find_by_unique_key(key).await
+    }
+    async fn retry_in(
+        &self,
+        tx: &mut MemoryTx,
+        id: JobId,
+        seen: JobStatus,
+    ) -> Result<crate::RetryTarget> {
+        self.inner.retry_in(tx, id, seen).await
+    }
+    async fn purge_batch(&self, request: &crate::PurgeRequest) -> Result<u64> {
+        self.inner.purge_batch(request).await
+    }
+    async fn pause(&self) -> Result<crate::QueueControl> {
+        self.inner.pause().await
+    }
+    async fn resume(&self) -> Result<crate::QueueControl> {
+        self.inner.resume().await
+    }
+    async fn control(&self) -> Result<crate::QueueControl> {
+        self.inner.control().await
+    }
+    async fn set_limits(&self, limits: crate::QueueLimits) -> Result<crate::QueueControl> {
+        self.inner.set_limits(limits).await
+    }
+    async fn record_schedules(
+        &self,
+        seen_by: &str,
+        reports: &[crate::ScheduleReport],
+    ) -> Result<()> {
+        self.gate(|f| &f.records_fail).await?;
+        self.inner.record_schedules(seen_by, reports).await
+    }
+    async fn schedules(&self) -> Result<Vec<crate::ScheduleInfo>> {
+        self.inner.schedules().await
+    }
+    async fn forget_schedule(&self, name: &str) -> Result<bool> {
+        self.inner.forget_schedule(name).await
+    }
+    async fn queues(&self) -> Result<Vec<QueueName>> {
+        self.inner.queues().await
+    }
+    fn for_queue(&self, queue: QueueName) -> Self {
+        Faulty {
+            inner: self.inner.for_queue(queue),
+            faults: self.faults.clone(),
+        }
+    }
+    async fn throughput(&self, minutes: u32) -> Result<Vec<crate::MinuteCounts>> {
+        self.inner.throughput(minutes).await
     }
 }
 
@@ -617,6 +678,40 @@ async fn a_schedule_enqueues_its_period_once_the_store_is_back() {
     );
     scheduler.shutdown().await;
     assert_eq!(backend.inner.counts().await.unwrap().pending, 1);
+}
+
+/// A scheduler whose records of its schedules fail enqueues its periods all the same, logs
+/// `queue.schedules_unrecorded`, and records them once the store takes them again.
+#[tokio::test]
+async fn a_scheduler_that_cannot_record_its_schedules_still_enqueues() {
+    use crate::Admin;
+    use crate::schedule::{Clock, ManualClock, Schedule, Scheduler};
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.subscriber());
+    let backend = Faulty::new();
+    backend.set(|f| &f.records_fail, true);
+    let clock = ManualClock::new("2026-01-01T00:00:30Z".parse().unwrap());
+    let scheduler = Scheduler::new(backend.clone())
+        .schedule(Schedule::every("rates", Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .clock(clock.clone())
+        .start()
+        .unwrap();
+    let first = scheduler.wait_for(|s| s.seen >= Some(clock.now())).await;
+    assert_eq!(first.schedules["rates"].enqueued, 1, "the period ran");
+    assert!(captured.count(crate::events::SCHEDULES_UNRECORDED) >= 1);
+    assert!(backend.schedules().await.unwrap().is_empty());
+    backend.set(|f| &f.records_fail, false);
+    clock.advance(Duration::from_secs(60));
+    scheduler.wait_for(|s| s.seen >= Some(clock.now())).await;
+    let recorded = backend.schedules().await.unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(
+        recorded[0].report.through,
+        Some("2026-01-01T00:01:00Z".parse().unwrap())
+    );
+    scheduler.shutdown().await;
+    drop(guard);
 }
 
 /// A scheduler's shutdown is bounded when the store hangs in the middle of an enqueue.

@@ -83,7 +83,8 @@ pub mod conformance;
 
 pub use admin::{
     Admin, ClaimRoom, DrainReport, JobFilter, JobPage, MAX_PAGE, MinuteCounts, PurgeRequest,
-    QueueControl, QueueLimits, RETRYABLE, RateLimit, RetryTarget, drain, purge, retry_with_hooks,
+    QueueControl, QueueLimits, RETRYABLE, RateLimit, RetryTarget, ScheduleInfo, ScheduleReport,
+    drain, purge, retry_with_hooks,
 };
 pub use backend::{Backend, BackendTx};
 pub use error::{BoxError, ConfigError, Error, InvalidInput, Result};

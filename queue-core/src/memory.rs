@@ -71,6 +71,8 @@ struct State {
     /// is removed), and each queue's partition cursor (`crate::partition`).
     partitions: BTreeMap<String, BTreeMap<String, BTreeSet<Due>>>,
     partition_cursor: HashMap<String, String>,
+    /// The schedules schedulers recorded, per queue and name.
+    schedules: BTreeMap<(String, String), crate::admin::ScheduleInfo>,
 }
 
 /// A pending job's place in claim order: due time, priority, id.
@@ -1081,6 +1083,50 @@ impl crate::admin::Admin for MemoryBackend {
 
     async fn control(&self) -> Result<crate::admin::QueueControl> {
         Ok(self.store.state.lock().await.control(self.queue.as_str()))
+    }
+
+    async fn record_schedules(
+        &self,
+        seen_by: &str,
+        reports: &[crate::admin::ScheduleReport],
+    ) -> Result<()> {
+        let now = self.now();
+        let mut state = self.store.state.lock().await;
+        for report in reports {
+            let key = (self.queue.as_str().to_owned(), report.name.clone());
+            let through = state
+                .schedules
+                .get(&key)
+                .and_then(|info| info.report.through)
+                .max(report.through);
+            let mut report = report.clone();
+            report.through = through;
+            state.schedules.insert(
+                key,
+                crate::admin::ScheduleInfo {
+                    report,
+                    seen_at: now,
+                    seen_by: crate::limits::storable_holder(seen_by),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    async fn schedules(&self) -> Result<Vec<crate::admin::ScheduleInfo>> {
+        let state = self.store.state.lock().await;
+        Ok(state
+            .schedules
+            .iter()
+            .filter(|((queue, _), _)| queue == self.queue.as_str())
+            .map(|(_, info)| info.clone())
+            .collect())
+    }
+
+    async fn forget_schedule(&self, name: &str) -> Result<bool> {
+        let mut state = self.store.state.lock().await;
+        let key = (self.queue.as_str().to_owned(), name.to_owned());
+        Ok(state.schedules.remove(&key).is_some())
     }
 
     async fn set_limits(

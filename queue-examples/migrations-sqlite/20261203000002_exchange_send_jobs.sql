@@ -71,3 +71,19 @@ ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN partition_cursor TEXT;
 CREATE INDEX IF NOT EXISTS "exchange_send_jobs_partition_idx"
     ON "exchange_send_jobs" (queue, partition_key, next_attempt_at, priority, id)
     WHERE status = 'pending' AND partition_key IS NOT NULL;
+
+-- The schedules schedulers run on each queue, as the last to pass reported them
+-- (queue_core::Admin::record_schedules), for operators: when the periods fall (spec), what
+-- happens to missed ones, the latest period handled (never going back), the next, and who
+-- reported when, by SQLite's clock.
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_schedules" (
+    queue    TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    spec     TEXT NOT NULL,
+    missed   TEXT NOT NULL,
+    through  REAL,
+    next_at  REAL,
+    seen_at  REAL NOT NULL DEFAULT (unixepoch('subsec')),
+    seen_by  TEXT NOT NULL,
+    PRIMARY KEY (queue, name)
+) STRICT;

@@ -53,4 +53,17 @@ ALTER TABLE "{{table}}_queues"
 -- The partitions' controls (table migration 20261206000001), on a controls table of any age.
 ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS max_per_partition integer CHECK (max_per_partition > 0),
-    ADD COLUMN IF NOT EXISTS partition_cursor  text
+    ADD COLUMN IF NOT EXISTS partition_cursor  text;
+
+-- The recorded schedules (table migration 20261206000001): a table of its own.
+CREATE TABLE IF NOT EXISTS "{{table}}_schedules" (
+    queue    text        NOT NULL,
+    name     text        NOT NULL,
+    spec     text        NOT NULL,
+    missed   text        NOT NULL,
+    through  timestamptz,
+    next_at  timestamptz,
+    seen_at  timestamptz NOT NULL DEFAULT now(),
+    seen_by  text        NOT NULL,
+    PRIMARY KEY (queue, name)
+)

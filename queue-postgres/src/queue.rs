@@ -716,6 +716,40 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         Ok(statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?)
     }
 
+    async fn record_schedules(
+        &self,
+        seen_by: &str,
+        reports: &[queue_core::ScheduleReport],
+    ) -> queue_core::Result<()> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        Ok(statement::record_schedules::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            queue,
+            seen_by,
+            reports,
+        )
+        .await?)
+    }
+
+    async fn schedules(&self) -> queue_core::Result<Vec<queue_core::ScheduleInfo>> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        Ok(
+            statement::schedules::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue)
+                .await?,
+        )
+    }
+
+    async fn forget_schedule(&self, name: &str) -> queue_core::Result<bool> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        Ok(statement::forget_schedule::<D>(D::pooled(&mut conn), &inner.sql, queue, name).await?)
+    }
+
     async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {
         limits.check()?;
         let inner = &self.inner;

@@ -104,6 +104,8 @@ pub(crate) struct TableFacts {
     pub(crate) has_controls_table: bool,
     /// The columns of the queue controls table.
     pub(crate) controls_columns: Vec<String>,
+    /// Whether the recorded schedules' table (`<table>_schedules`) exists.
+    pub(crate) has_schedules_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -174,6 +176,12 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
                 ));
             }
         }
+    }
+    if !facts.has_schedules_table {
+        missing.push(format!(
+            "the table {table}_schedules (recorded schedules, table migration 20261206000001: \
+             commit table_migration_sql(table, 20261206000001) as a migration of your own)"
+        ));
     }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
@@ -248,6 +256,7 @@ mod tests {
             invalid_indexes: vec!["queue_jobs_due_idx".into()],
             has_controls_table: false,
             controls_columns: vec![],
+            has_schedules_table: false,
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();

@@ -63,6 +63,9 @@ pub(crate) const QUEUES: Template = template!("queues.sql");
 pub(crate) const RECORD_STALE: Template = template!("record_stale.sql");
 pub(crate) const NOTE_SERVED: Template = template!("note_served.sql");
 pub(crate) const THROUGHPUT: Template = template!("throughput.sql");
+pub(crate) const RECORD_SCHEDULES: Template = template!("record_schedules.sql");
+pub(crate) const SCHEDULES: Template = template!("schedules.sql");
+pub(crate) const FORGET_SCHEDULE: Template = template!("forget_schedule.sql");
 pub(crate) const CLAIMS_RUNNING: Template = template!("claims_running.sql");
 pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
 pub(crate) const UPGRADE_LOCK: Template = template!("upgrade_lock.sql");
@@ -119,10 +122,10 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 6] = [
     ),
     (
         20261206000001,
-        "partitions",
+        "partitions and schedules",
         Template {
-            name: "20261206000001_partitions.sql",
-            text: include_str!("../migrations/20261206000001_partitions.sql"),
+            name: "20261206000001_partitions_and_schedules.sql",
+            text: include_str!("../migrations/20261206000001_partitions_and_schedules.sql"),
         },
     ),
 ];
@@ -450,6 +453,9 @@ pub(crate) struct Sql {
     pub(crate) record_stale: Arc<str>,
     pub(crate) note_served: Arc<str>,
     pub(crate) throughput: Arc<str>,
+    pub(crate) record_schedules: Arc<str>,
+    pub(crate) schedules: Arc<str>,
+    pub(crate) forget_schedule: Arc<str>,
     table: TableName,
 }
 
@@ -484,6 +490,9 @@ impl Sql {
             record_stale: r(RECORD_STALE)?,
             note_served: r(NOTE_SERVED)?,
             throughput: r(THROUGHPUT)?,
+            record_schedules: r(RECORD_SCHEDULES)?,
+            schedules: r(SCHEDULES)?,
+            forget_schedule: r(FORGET_SCHEDULE)?,
             table: table.clone(),
         })
     }

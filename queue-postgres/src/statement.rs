@@ -9,7 +9,7 @@ use queue_core::{
     CANCELLED_BY_OPERATOR, Claim, ClaimGeneration, ClaimRequest, ClaimToken, ClaimedJob, Enqueued,
     ErrorEntry, Finalize, FinalizeOutcome, FinishedCounts, Heartbeat, JobFilter, JobId, JobRecord,
     JobStatus, Lease, MinuteCounts, NewJob, PurgeRequest, QueueControl, QueueCounts, QueueLimits,
-    QueueName, QueueStats, RetryTarget,
+    QueueName, QueueStats, RetryTarget, ScheduleInfo, ScheduleReport,
 };
 use serde_json::Value;
 
@@ -410,6 +410,17 @@ pub(crate) async fn table_facts<D: Driver>(
         Some(row) => get::<D, bool>(row, "present")?,
         None => false,
     };
+    let schedules = format!("\"{table}_schedules\"");
+    let rows = D::query(
+        D::reborrow(&mut conn),
+        &text(sql::TABLE_EXISTS)?,
+        &(schedules.as_str(),),
+    )
+    .await?;
+    let has_schedules_table = match rows.first() {
+        Some(row) => get::<D, bool>(row, "present")?,
+        None => false,
+    };
     let controls_columns = if has_controls_table {
         D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
             .await?
@@ -425,6 +436,7 @@ pub(crate) async fn table_facts<D: Driver>(
         invalid_indexes,
         has_controls_table,
         controls_columns,
+        has_schedules_table,
         id_has_sequence,
     })
 }
@@ -651,6 +663,69 @@ pub(crate) async fn claim_limited<D: Driver>(
         }
     }
     Ok(claim)
+}
+
+/// `record_schedules.sql`: the scheduler `seen_by`'s schedules of `queue`.
+pub(crate) async fn record_schedules<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    seen_by: &str,
+    reports: &[ScheduleReport],
+) -> Result<(), PgError> {
+    let column = |f: fn(&ScheduleReport) -> String| reports.iter().map(f).collect::<Vec<_>>();
+    let names = column(|r| r.name.clone());
+    let specs = column(|r| queue_core::limits::storable_text(&r.spec).into_owned());
+    let missed = column(|r| r.missed.clone());
+    let through: Vec<Option<DateTime<Utc>>> = reports.iter().map(|r| r.through).collect();
+    let next: Vec<Option<DateTime<Utc>>> = reports.iter().map(|r| r.next).collect();
+    let seen_by = queue_core::limits::storable_holder(seen_by);
+    let params = (
+        queue.as_str(),
+        seen_by.as_str(),
+        &names,
+        &specs,
+        &missed,
+        &through,
+        &next,
+    );
+    D::execute(conn, &sql.record_schedules, &params).await?;
+    Ok(())
+}
+
+/// `schedules.sql`: the schedules recorded for `queue`, by name.
+pub(crate) async fn schedules<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<Vec<ScheduleInfo>, PgError> {
+    let rows = D::query(conn, &sql.schedules, &(queue.as_str(),)).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(ScheduleInfo {
+                report: ScheduleReport {
+                    name: get::<D, _>(row, "name")?,
+                    spec: get::<D, _>(row, "spec")?,
+                    missed: get::<D, _>(row, "missed")?,
+                    through: get::<D, _>(row, "through")?,
+                    next: get::<D, _>(row, "next_at")?,
+                },
+                seen_at: get::<D, _>(row, "seen_at")?,
+                seen_by: get::<D, _>(row, "seen_by")?,
+            })
+        })
+        .collect()
+}
+
+/// `forget_schedule.sql`: whether the schedule was recorded.
+pub(crate) async fn forget_schedule<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    name: &str,
+) -> Result<bool, PgError> {
+    let rows = D::query(conn, &sql.forget_schedule, &(queue.as_str(), name)).await?;
+    Ok(!rows.is_empty())
 }
 
 /// `record_stale.sql`.

@@ -246,6 +246,9 @@ struct Sql {
     quota: String,
     /// The partitions' statements (see `queue_core::partition`).
     partitions: PartitionSql,
+    record_schedule: String,
+    schedules: String,
+    forget_schedule: String,
     log_starts: String,
     queues: String,
     throughput: String,
@@ -514,6 +517,26 @@ impl Sql {
                  FROM {q} WHERE queue = ?1"
             ),
             partitions: PartitionSql::new(table, &t, &q, now),
+            // One schedule of a scheduler's report; the latest period handled never goes back.
+            record_schedule: format!(
+                "INSERT INTO \"{table}_schedules\" AS s
+                     (queue, name, spec, missed, through, next_at, seen_at, seen_by)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, {now}, ?7)
+                 ON CONFLICT (queue, name) DO UPDATE
+                 SET spec = excluded.spec, missed = excluded.missed,
+                     through = CASE WHEN s.through IS NULL THEN excluded.through
+                                    WHEN excluded.through IS NULL THEN s.through
+                                    ELSE max(s.through, excluded.through) END,
+                     next_at = excluded.next_at, seen_at = excluded.seen_at,
+                     seen_by = excluded.seen_by"
+            ),
+            schedules: format!(
+                "SELECT name, spec, missed, through, next_at, seen_at, seen_by
+                 FROM \"{table}_schedules\" WHERE queue = ?1 ORDER BY name"
+            ),
+            forget_schedule: format!(
+                "DELETE FROM \"{table}_schedules\" WHERE queue = ?1 AND name = ?2"
+            ),
             set_limits: format!(
                 "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, {now})
@@ -1664,6 +1687,65 @@ impl queue_core::Admin for SqliteQueue {
             .await
             .map_err(|e| self.err(e))?;
         Ok(control_of(row.as_ref())?)
+    }
+
+    async fn record_schedules(
+        &self,
+        seen_by: &str,
+        reports: &[queue_core::ScheduleReport],
+    ) -> queue_core::Result<()> {
+        let sql = &self.inner.sql;
+        let seen_by = queue_core::limits::storable_holder(seen_by);
+        let mut tx = self.begin_immediate().await?;
+        for report in reports {
+            sqlx::query(AssertSqlSafe(sql.record_schedule.as_str()))
+                .bind(self.queue_str())
+                .bind(&report.name)
+                .bind(queue_core::limits::storable_text(&report.spec).as_ref())
+                .bind(&report.missed)
+                .bind(report.through.map(seconds))
+                .bind(report.next.map(seconds))
+                .bind(&seen_by)
+                .execute(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit_now().await?;
+        Ok(())
+    }
+
+    async fn schedules(&self) -> queue_core::Result<Vec<queue_core::ScheduleInfo>> {
+        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.schedules.as_str()))
+            .bind(self.queue_str())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let db = SqliteError::Database;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(queue_core::ScheduleInfo {
+                report: queue_core::ScheduleReport {
+                    name: row.try_get("name").map_err(db)?,
+                    spec: row.try_get("spec").map_err(db)?,
+                    missed: row.try_get("missed").map_err(db)?,
+                    through: optional_instant(-1, row.try_get("through").map_err(db)?)?,
+                    next: optional_instant(-1, row.try_get("next_at").map_err(db)?)?,
+                },
+                seen_at: instant(-1, row.try_get("seen_at").map_err(db)?)?,
+                seen_by: row.try_get("seen_by").map_err(db)?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn forget_schedule(&self, name: &str) -> queue_core::Result<bool> {
+        let done = sqlx::query(AssertSqlSafe(self.inner.sql.forget_schedule.as_str()))
+            .bind(self.queue_str())
+            .bind(name)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {

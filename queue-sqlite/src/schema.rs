@@ -86,8 +86,8 @@ const TABLE_MIGRATIONS: [(i64, &str, &str); 3] = [
     ),
     (
         20261206000001,
-        "partitions",
-        include_str!("../migrations/20261206000001_partitions.sql"),
+        "partitions and schedules",
+        include_str!("../migrations/20261206000001_partitions_and_schedules.sql"),
     ),
 ];
 
@@ -280,6 +280,17 @@ pub(crate) async fn check(
         if !indexes.contains(&name) {
             missing.push(format!("index {name}"));
         }
+    }
+    let schedules: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
+            .bind(format!("{table}_schedules"))
+            .fetch_one(pool)
+            .await
+            .map_err(err)?;
+    if schedules == 0 {
+        missing.push(format!(
+            "the table {table}_schedules (recorded schedules, migration 20261206000001)"
+        ));
     }
     if controls == 0 {
         missing.push(format!("the table {table}_queues"));

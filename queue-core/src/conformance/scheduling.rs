@@ -29,7 +29,7 @@ fn minutely(name: &str, missed: Missed) -> Schedule {
     Schedule::every(name, MINUTE).unwrap().missed(missed)
 }
 
-fn start<B: Backend>(b: &B, clock: &ManualClock, schedules: &[Schedule]) -> SchedulerHandle {
+fn start<B: Admin>(b: &B, clock: &ManualClock, schedules: &[Schedule]) -> SchedulerHandle {
     let mut scheduler = Scheduler::new(b.clone()).clock(clock.clone());
     for schedule in schedules {
         scheduler = scheduler.schedule(schedule.clone()).unwrap();
@@ -218,6 +218,61 @@ cases! {
         for scheduler in schedulers {
             scheduler.shutdown().await;
         }
+    }
+
+    /// The schedules a scheduler runs are recorded with the queue for operators: when their
+    /// periods fall, what happens to missed ones, how far they got (never back, whichever
+    /// scheduler lags), their next period, and who ran them last, by the store's clock; per
+    /// queue; forgotten on request.
+    pub async fn schedules_are_recorded_for_operators<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let rates = minutely("rates", Missed::CatchUp { within: 5 * MINUTE });
+        let nightly = Schedule::cron("nightly", "0 2 * * *")
+            .unwrap()
+            .time_zone("Europe/Berlin")
+            .unwrap();
+        let clock = ManualClock::new(at("2026-01-01T00:00:30Z"));
+        let scheduler = Scheduler::new(b.clone())
+            .clock(clock.clone())
+            .name("host-a:1")
+            .schedule(rates.clone())
+            .unwrap()
+            .schedule(nightly.clone())
+            .unwrap()
+            .start()
+            .unwrap();
+        passed(&scheduler, clock.now()).await;
+        clock.advance(MINUTE);
+        passed(&scheduler, clock.now()).await;
+        let shown = b.schedules().await.unwrap();
+        let names: Vec<&str> = shown.iter().map(|s| s.report.name.as_str()).collect();
+        assert_eq!(names, ["nightly", "rates"]);
+        let (nightly_info, rates_info) = (&shown[0], &shown[1]);
+        assert_eq!(rates_info.report.spec, rates.spec());
+        assert_eq!(rates_info.report.missed, "catch up within 300s");
+        assert_eq!(rates_info.report.through, Some(at("2026-01-01T00:01:00Z")));
+        assert_eq!(rates_info.report.next, Some(at("2026-01-01T00:02:00Z")));
+        assert_eq!(rates_info.seen_by, "host-a:1");
+        assert_eq!(nightly_info.report.spec, "cron 0 2 * * * Europe/Berlin");
+        assert_eq!(nightly_info.report.missed, "skip after 60s");
+        assert_eq!(nightly_info.report.next, Some(at("2026-01-01T01:00:00Z")), "02:00 in Berlin");
+        scheduler.shutdown().await;
+
+        // A scheduler that lags reports an older period: the record keeps the latest.
+        let mut lagging = rates_info.report.clone();
+        lagging.through = Some(at("2026-01-01T00:00:00Z"));
+        b.record_schedules("host-b:2", &[lagging]).await.unwrap();
+        let shown = b.schedules().await.unwrap();
+        assert_eq!(shown[1].report.through, Some(at("2026-01-01T00:01:00Z")));
+        assert_eq!(shown[1].seen_by, "host-b:2");
+        let other = h.other_queue(crate::types::QueueName::new("other").unwrap());
+        assert!(other.schedules().await.unwrap().is_empty(), "per queue");
+
+        assert!(b.forget_schedule("nightly").await.unwrap());
+        assert!(!b.forget_schedule("nightly").await.unwrap(), "already forgotten");
+        let names: Vec<String> =
+            b.schedules().await.unwrap().into_iter().map(|s| s.report.name).collect();
+        assert_eq!(names, ["rates"]);
     }
 
     /// Missed periods: a skipping schedule enqueues only the latest one within its grace, a

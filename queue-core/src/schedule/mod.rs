@@ -49,7 +49,6 @@ pub use retention::Retention;
 pub use spec::{MAX_SCHEDULE_NAME, MIN_INTERVAL, Missed, Schedule, valid_name};
 
 use crate::admin::Admin;
-use crate::backend::Backend;
 use crate::error::{ConfigError, Error};
 use crate::events;
 use crate::types::NewJob;
@@ -113,22 +112,32 @@ type Purge<B> = Arc<
 >;
 
 /// Runs schedules (and retention) against one queue. See the [module](self).
-pub struct Scheduler<B: Backend> {
+pub struct Scheduler<B: Admin> {
     backend: B,
     schedules: Vec<Schedule>,
     retention: Option<(Retention, Purge<B>)>,
     clock: Arc<dyn Clock>,
+    name: String,
 }
 
-impl<B: Backend> Scheduler<B> {
-    /// A scheduler for `backend`'s queue, on the system clock, with no schedule yet.
+impl<B: Admin> Scheduler<B> {
+    /// A scheduler for `backend`'s queue, on the system clock, with no schedule yet, named
+    /// `<host>:<pid>`.
     pub fn new(backend: B) -> Self {
         Scheduler {
             backend,
             schedules: Vec::new(),
             retention: None,
             clock: Arc::new(SystemClock),
+            name: crate::worker::config::default_worker_name(),
         }
+    }
+
+    /// Names this scheduler in the schedules it records for operators
+    /// ([`Admin::schedules`]: who ran each last); default `<host>:<pid>`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
     }
 
     /// Adds a schedule; refused when one of the same name is already there.
@@ -144,10 +153,7 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Purges the queue's finished jobs as `retention` says, at start and then on its interval.
-    pub fn retention(mut self, retention: Retention) -> Self
-    where
-        B: Admin,
-    {
+    pub fn retention(mut self, retention: Retention) -> Self {
         let purge: Purge<B> = Arc::new(|backend, retention, stop| {
             Box::pin(async move { retention.run(&backend, move || !stop.is_cancelled()).await })
         });
@@ -254,9 +260,10 @@ enum Pass {
     Failed,
 }
 
-struct Run<B: Backend> {
+struct Run<B: Admin> {
     backend: B,
     clock: Arc<dyn Clock>,
+    name: String,
     cursors: Vec<Cursor>,
     retention: Option<(Retention, Purge<B>, DateTime<Utc>)>,
     stop: CancellationToken,
@@ -264,7 +271,7 @@ struct Run<B: Backend> {
     backoff: Duration,
 }
 
-impl<B: Backend> Run<B> {
+impl<B: Admin> Run<B> {
     fn new(
         scheduler: Scheduler<B>,
         stop: CancellationToken,
@@ -282,6 +289,7 @@ impl<B: Backend> Run<B> {
         Run {
             backend: scheduler.backend,
             clock: scheduler.clock,
+            name: scheduler.name,
             cursors,
             retention: scheduler.retention.map(|(r, purge)| (r, purge, start)),
             stop,
@@ -309,6 +317,11 @@ impl<B: Backend> Run<B> {
                     self.next_wake(now).min(after(now, self.backoff))
                 }
             };
+            // Recorded before the pass counts, so that whoever waits for a pass finds it.
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = self.record() => {}
+            }
             self.stats.send_modify(|s| {
                 s.passes += 1;
                 s.seen = Some(now);
@@ -505,6 +518,33 @@ impl<B: Backend> Run<B> {
             entry.through = entry.through.max(through);
             entry.next = schedule.next_after(self.clock.now());
         });
+    }
+
+    /// Records the schedules for operators ([`Admin::record_schedules`]): what each runs on,
+    /// how far it got, and its next period. A failure is logged; the schedules run on.
+    async fn record(&self) {
+        if self.cursors.is_empty() {
+            return;
+        }
+        let stats = self.stats.borrow().clone();
+        let reports: Vec<crate::admin::ScheduleReport> = self
+            .cursors
+            .iter()
+            .map(|cursor| {
+                let schedule = &cursor.schedule;
+                let seen = stats.schedules.get(schedule.name());
+                crate::admin::ScheduleReport {
+                    name: schedule.name().to_owned(),
+                    spec: schedule.spec(),
+                    missed: schedule.missed_policy().to_string(),
+                    through: seen.and_then(|s| s.through),
+                    next: seen.and_then(|s| s.next),
+                }
+            })
+            .collect();
+        if let Err(err) = self.backend.record_schedules(&self.name, &reports).await {
+            events::schedules_unrecorded(self.backend.queue(), &err);
+        }
     }
 
     /// One retention run, the next due at `next`; false when a purge failed.

@@ -46,6 +46,16 @@ impl Default for Missed {
     }
 }
 
+/// `skip after 60s`, `catch up within 21600s`.
+impl std::fmt::Display for Missed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Missed::Skip { grace } => write!(f, "skip after {}s", grace.as_secs_f64()),
+            Missed::CatchUp { within } => write!(f, "catch up within {}s", within.as_secs_f64()),
+        }
+    }
+}
+
 impl Missed {
     /// How far back a scheduler looks for periods: the grace or the catch-up window.
     pub fn window(self) -> Duration {

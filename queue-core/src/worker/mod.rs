@@ -5,7 +5,7 @@
 //! writes of jobs without hooks in a task of its own. [`shutdown`] ends what the dispatcher
 //! holds.
 
-mod config;
+pub(crate) mod config;
 mod dispatcher;
 mod finalizer;
 mod runner;

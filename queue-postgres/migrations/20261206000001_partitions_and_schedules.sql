@@ -1,4 +1,5 @@
--- Partitions (queue_core::NewJob::partition_key, QueueLimits::max_per_partition): a job's
+-- Partitions and recorded schedules. Partitions (queue_core::NewJob::partition_key,
+-- QueueLimits::max_per_partition): a job's
 -- partition key; a queue's limit of jobs in flight per partition, and the key where its last
 -- limited claim stopped (partitions take turns from there: queue_core::partition). NULLs:
 -- adding them rewrites no row.
@@ -13,3 +14,19 @@ ALTER TABLE "{{table}}_queues"
 CREATE INDEX IF NOT EXISTS "{{table}}_partition_idx"
     ON "{{table}}" (queue, partition_key, next_attempt_at, priority, id)
     WHERE status = 'pending' AND partition_key IS NOT NULL;
+
+-- The schedules schedulers run on each queue, as the last to pass reported them
+-- (queue_core::Admin::record_schedules), for operators: when the periods fall (spec), what
+-- happens to missed ones, the latest period handled (never going back), the next, and who
+-- reported when, by the database's clock.
+CREATE TABLE IF NOT EXISTS "{{table}}_schedules" (
+    queue    text        NOT NULL,
+    name     text        NOT NULL,
+    spec     text        NOT NULL,
+    missed   text        NOT NULL,
+    through  timestamptz,
+    next_at  timestamptz,
+    seen_at  timestamptz NOT NULL DEFAULT now(),
+    seen_by  text        NOT NULL,
+    PRIMARY KEY (queue, name)
+);

@@ -1,4 +1,4 @@
--- Partitions (queue_core::NewJob::partition_key, QueueLimits::max_per_partition): a job's
+-- Partitions and recorded schedules. Partitions (queue_core::NewJob::partition_key, QueueLimits::max_per_partition): a job's
 -- partition key; a queue's limit of jobs in flight per partition, and the key where its last
 -- limited claim stopped (partitions take turns from there: queue_core::partition).
 ALTER TABLE "{{table}}" ADD COLUMN partition_key TEXT;
@@ -10,3 +10,19 @@ ALTER TABLE "{{table}}_queues" ADD COLUMN partition_cursor TEXT;
 CREATE INDEX IF NOT EXISTS "{{table}}_partition_idx"
     ON "{{table}}" (queue, partition_key, next_attempt_at, priority, id)
     WHERE status = 'pending' AND partition_key IS NOT NULL;
+
+-- The schedules schedulers run on each queue, as the last to pass reported them
+-- (queue_core::Admin::record_schedules), for operators: when the periods fall (spec), what
+-- happens to missed ones, the latest period handled (never going back), the next, and who
+-- reported when, by SQLite's clock.
+CREATE TABLE IF NOT EXISTS "{{table}}_schedules" (
+    queue    TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    spec     TEXT NOT NULL,
+    missed   TEXT NOT NULL,
+    through  REAL,
+    next_at  REAL,
+    seen_at  REAL NOT NULL DEFAULT (unixepoch('subsec')),
+    seen_by  TEXT NOT NULL,
+    PRIMARY KEY (queue, name)
+) STRICT;
