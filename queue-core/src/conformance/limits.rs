@@ -11,7 +11,18 @@ use super::{Harness, claim, lease};
 use crate::admin::{Admin, QueueLimits, RateLimit};
 use crate::backend::Backend;
 use crate::error::{ConfigError, Error};
+use crate::handler::{Handler, JobContext, JobError};
 use crate::types::{ClaimRequest, Finalize, NewJob};
+use crate::worker::{Worker, WorkerConfig};
+
+struct Noop;
+
+impl Handler for Noop {
+    type Payload = serde_json::Value;
+    async fn handle(&self, _ctx: JobContext, _p: serde_json::Value) -> Result<(), JobError> {
+        Ok(())
+    }
+}
 
 fn max_in_flight(n: u32) -> QueueLimits {
     QueueLimits {
@@ -149,6 +160,37 @@ cases! {
         assert_eq!(finished.load(Ordering::SeqCst), 120, "every job ran");
         assert!(most >= 1, "the sampler saw jobs in flight");
         assert_eq!(b.counts().await.unwrap().completed, 120);
+    }
+
+    /// A worker whose claims come back short because of the queue's limits claims again as its
+    /// own jobs end and free room, not at its next poll: with an hour's poll interval, one job
+    /// in flight at a time and one partner at a time, twenty jobs still run at once.
+    pub async fn a_worker_claims_again_as_its_jobs_free_room<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_n(b, 10).await;
+        let partitioned = (0..10)
+            .map(|i| NewJob::from_value(json!({ "p": i })).partition_key("partner"))
+            .collect();
+        b.enqueue_many(partitioned).await.unwrap();
+        b.set_limits(QueueLimits {
+            max_in_flight: Some(1),
+            max_per_partition: Some(1),
+            ..QueueLimits::NONE
+        })
+        .await
+        .unwrap();
+        let config = WorkerConfig {
+            concurrency: 4,
+            poll_interval: Duration::from_secs(3600),
+            ..WorkerConfig::default()
+        };
+        let worker = Worker::new(b.clone(), Noop, config).unwrap().start();
+        let stats = worker
+            .wait_for_timeout(Duration::from_secs(30), |s| s.completed == 20)
+            .await
+            .unwrap_or_else(|last| panic!("the worker waited for its poll: {last:?}"));
+        worker.shutdown().await.unwrap();
+        assert_eq!(stats.completed, 20);
     }
 
     /// A rate limit allows so many claims per window, by the store's clock: the window slides,

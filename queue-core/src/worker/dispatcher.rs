@@ -68,13 +68,25 @@ pub(super) struct Dispatcher<B: Backend, H: Handler> {
     /// round trip and a commit each, one larger claim costs little more.
     refill_at: usize,
     outage: Option<Outage>,
+    /// The worker's stats, watched for outcomes written: after a claim that came back short
+    /// (the queue ran dry, or its limits held jobs back), each outcome may free room under the
+    /// queue's limits, so it makes a claim due, without waiting for the poll.
+    outcomes: tokio::sync::watch::Receiver<crate::worker::WorkerStats>,
+    /// Whether the last claim came back with fewer jobs than it asked for.
+    short: bool,
+    /// The outcomes written when the dispatcher last looked.
+    finished_seen: u64,
 }
 
 impl<B: Backend, H: Handler> Dispatcher<B, H> {
     pub(super) fn new(shared: Arc<Shared<B, H>>) -> Self {
         let config = &shared.config;
         let refill_at = (config.slots().min(config.max_batch as usize) / 2).max(1);
+        let outcomes = shared.stats.subscribe();
         Dispatcher {
+            outcomes,
+            short: false,
+            finished_seen: 0,
             shared,
             buffer: VecDeque::new(),
             running: JoinSet::new(),
@@ -120,6 +132,13 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
                 _ = &mut woken => {
                     woken = arm_wake(&wake);
                     self.poll_due = true;
+                }
+                Ok(()) = self.outcomes.changed(), if self.short && !self.poll_due => {
+                    let finished = self.outcomes.borrow_and_update().finished();
+                    if finished > self.finished_seen {
+                        self.finished_seen = finished;
+                        self.poll_due = true;
+                    }
                 }
                 _ = &mut poll => {
                     poll.as_mut().reset(Instant::now() + self.shared.config.poll_interval);
@@ -208,6 +227,8 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         // A wake-up that came while the claim ran stays due: its job may be newer than the
         // claim's snapshot.
         self.poll_due |= got == want as usize;
+        self.short = got < want as usize;
+        self.finished_seen = self.outcomes.borrow_and_update().finished();
     }
 
     /// Starts buffered jobs while slots are free, each only while the worker knows it still
