@@ -1561,3 +1561,45 @@ async fn a_batch_of_outcomes_stamps_each_transaction_once() {
     }
     db.drop_db().await;
 }
+
+/// A send job's partition is its partner: with one send at a time per partner
+/// (`max_per_partition`), a claim takes one job of each partner, on every store.
+async fn sends_take_turns_by_partner<S: ExchangeStore>(store: &S) {
+    use queue_core::{Admin, QueueLimits};
+    let partners = [("acme", 1), ("acme", 2), ("acme", 3), ("globex", 4)];
+    let partners: Vec<(String, i64)> = partners.iter().map(|(p, a)| (p.to_string(), *a)).collect();
+    store.create_transactions(&partners).await.unwrap();
+    let queue = store.queue();
+    queue
+        .set_limits(QueueLimits {
+            max_per_partition: Some(1),
+            ..QueueLimits::NONE
+        })
+        .await
+        .unwrap();
+    let jobs = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    let mut keys = Vec::new();
+    for job in &jobs {
+        keys.push(queue.get(job.id).await.unwrap().unwrap().partition_key);
+    }
+    keys.sort();
+    assert_eq!(
+        keys,
+        [Some("acme".to_owned()), Some("globex".to_owned())],
+        "one send at a time per partner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_take_turns_by_partner_on_every_store() {
+    let (db, pg) = exchange_db().await;
+    sends_take_turns_by_partner(&pg).await;
+    db.drop_db().await;
+    let (_dir, sqlite) = sqlite_exchange("partner-turns").await;
+    sends_take_turns_by_partner(&sqlite).await;
+    sends_take_turns_by_partner(&MemExchange::new()).await;
+}

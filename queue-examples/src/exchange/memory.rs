@@ -123,8 +123,8 @@ impl MemExchange {
         tx: &mut MemoryTx,
         view: &TransactionView,
     ) -> Result<i64, ExchangeError> {
-        self.enqueue_linked(tx, view.id, NewJob::new(&transmission(view))?)
-            .await
+        let job = NewJob::new(&transmission(view))?.partition_key(view.partner.clone());
+        self.enqueue_linked(tx, view.id, job).await
     }
 
     /// Enqueues `job` inside `tx` as the send job of transaction `id`.

@@ -23,6 +23,7 @@ use super::{
 pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| sqlx::migrate!("../migrations"));
 
 /// Transactions and their send jobs, in one statement. `$1` partners, `$2` amounts, `$3` queue.
+/// Each send job's partition is its partner: a limit per partition is a limit per partner.
 const CREATE_TRANSACTIONS: &str = r#"
 WITH t AS (
     INSERT INTO exchange_transactions (partner, amount_minor)
@@ -30,9 +31,10 @@ WITH t AS (
     RETURNING id, correlation_id, partner, amount_minor
 ),
 j AS (
-    INSERT INTO exchange_send_jobs (transaction_id, queue, payload)
+    INSERT INTO exchange_send_jobs (transaction_id, queue, payload, partition_key)
     SELECT id, $3, jsonb_build_object('transaction_id', id, 'correlation_id', correlation_id,
-                                      'partner', partner, 'amount_minor', amount_minor)
+                                      'partner', partner, 'amount_minor', amount_minor),
+           partner
     FROM t
     RETURNING transaction_id
 )
@@ -133,9 +135,10 @@ RETURNING id, correlation_id, partner, amount_minor, send_failure IS NOT NULL AS
 
 /// A send job for a reopened transaction. `$1` transaction, `$2` queue.
 const RESTAGE_SEND_JOB: &str = r#"
-INSERT INTO exchange_send_jobs (transaction_id, queue, payload)
+INSERT INTO exchange_send_jobs (transaction_id, queue, payload, partition_key)
 SELECT id, $2, jsonb_build_object('transaction_id', id, 'correlation_id', correlation_id,
-                                  'partner', partner, 'amount_minor', amount_minor)
+                                  'partner', partner, 'amount_minor', amount_minor),
+       partner
 FROM exchange_transactions WHERE id = $1
 RETURNING id
 "#;

@@ -38,11 +38,12 @@ FROM json_each(?1) ORDER BY key
 RETURNING id
 "#;
 
-/// One send job per transaction of a JSON array of ids. `?1` the ids, `?2` queue.
+/// One send job per transaction of a JSON array of ids, its partition its partner. `?1` the
+/// ids, `?2` queue.
 static CREATE_SEND_JOBS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "INSERT INTO exchange_send_jobs (transaction_id, queue, payload)
-         SELECT t.id, ?2, {TRANSMISSION}
+        "INSERT INTO exchange_send_jobs (transaction_id, queue, payload, partition_key)
+         SELECT t.id, ?2, {TRANSMISSION}, t.partner
          FROM exchange_transactions AS t WHERE t.id IN (SELECT value FROM json_each(?1))
          ORDER BY t.id"
     )
