@@ -37,6 +37,8 @@ pub(crate) struct ActionForm {
     back: Option<String>,
     queue: Option<String>,
     seen: Option<String>,
+    /// A schedule's name (forget a schedule).
+    name: Option<String>,
 }
 
 /// Refuses an action that is not allowed, has no valid token, or comes from another origin.
@@ -206,6 +208,38 @@ where
         "{retried} dead jobs of {} retried, {moved_on} had moved on, {refused} refused by a hook{more}",
         queue.queue().as_str()
     );
+    back_to(&d, form.back.as_deref(), &notice)
+}
+
+/// Forgets a schedule's record ([`Admin::forget_schedule`]); a scheduler that still runs it
+/// records it again at its next pass.
+pub(crate) async fn forget_schedule<B: Admin, P>(
+    State(d): State<Shared<B, P>>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Err(refused) = check(&d, &headers, &form) {
+        return refused.into_response();
+    }
+    let queue = match QueueName::new(queue) {
+        Ok(name) => d.queue.for_queue(name),
+        Err(err) => return PageError::bad_request(err.to_string()).into_response(),
+    };
+    let Some(name) = form.name.as_deref().filter(|n| !n.is_empty()) else {
+        return PageError::bad_request("the form names no schedule").into_response();
+    };
+    let notice = match queue.forget_schedule(name).await {
+        Ok(true) => format!(
+            "schedule {name} of {} forgotten (a scheduler that still runs it records it again)",
+            queue.queue().as_str()
+        ),
+        Ok(false) => format!(
+            "schedule {name} of {} was not recorded (forgotten already?)",
+            queue.queue().as_str()
+        ),
+        Err(err) => return PageError::from(err).into_response(),
+    };
     back_to(&d, form.back.as_deref(), &notice)
 }
 

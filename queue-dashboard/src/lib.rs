@@ -2,9 +2,10 @@
 //!
 //! A web dashboard for the queues of one store (a PostgreSQL table, a memory store), built on
 //! the admin API ([`queue_core::Admin`]): an overview of every queue (counts, lag, throughput of
-//! the last half hour, dead jobs, stale fences), the jobs of a queue by state, a job's page, and
-//! (only when allowed) the operator's actions, retry, cancel, bulk retry, pause and resume,
-//! through the adopter's finalize hooks so that domain state follows.
+//! the last half hour, dead jobs, stale fences, the schedules its schedulers recorded), the jobs
+//! of a queue by state, a job's page, and (only when allowed) the operator's actions, retry,
+//! cancel, bulk retry, pause, resume and forgetting a schedule's record, through the adopter's
+//! finalize hooks so that domain state follows.
 //!
 //! ```
 //! use queue_core::{Hooks, MemoryBackend, MemoryTx};
@@ -36,7 +37,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
-use queue_core::{Admin, Hooks};
+use chrono::{DateTime, TimeDelta, Utc};
+use queue_core::{Admin, Hooks, ScheduleInfo};
 use serde::de::DeserializeOwned;
 
 pub use auth::{AUTH_REFUSED, Auth};
@@ -74,7 +76,8 @@ impl DashboardConfig {
         self
     }
 
-    /// Allow the operator's actions (retry, cancel, bulk retry, pause, resume).
+    /// Allow the operator's actions (retry, cancel, bulk retry, pause, resume, forget a
+    /// schedule's record).
     pub fn allow_actions(mut self, allow: bool) -> Self {
         self.allow_actions = allow;
         self
@@ -220,6 +223,10 @@ where
             "/queues/{queue}/retry-dead",
             get(pages::confirm_retry_dead::<B, P>).post(actions::retry_dead::<B, P>),
         )
+        .route(
+            "/queues/{queue}/forget-schedule",
+            get(pages::confirm_forget_schedule::<B, P>).post(actions::forget_schedule::<B, P>),
+        )
         .route("/queues/{queue}/pause", post(actions::pause::<B, P>))
         .route("/queues/{queue}/resume", post(actions::resume::<B, P>))
         .with_state(shared);
@@ -234,4 +241,81 @@ where
     router
         .layer(axum::middleware::from_fn_with_state(origins, guard::hosts))
         .layer(axum::middleware::from_fn(guard::headers))
+}
+
+/// The shortest silence after which a schedule's record looks stale ([`schedule_looks_stale`]).
+pub const SCHEDULE_STALE_FLOOR: TimeDelta = TimeDelta::minutes(10);
+
+/// How long a schedule's record may go without a report before it looks stale: twice its
+/// period (`next − through`; before its first period is handled, `next − seen_at`: its
+/// scheduler wakes for `next` at the latest and reports again), and at least
+/// [`SCHEDULE_STALE_FLOOR`].
+pub fn schedule_stale_after(info: &ScheduleInfo) -> TimeDelta {
+    let period = match (info.report.through, info.report.next) {
+        (Some(through), Some(next)) => next - through,
+        (None, Some(next)) => next - info.seen_at,
+        (_, None) => TimeDelta::zero(),
+    };
+    period
+        .checked_mul(2)
+        .unwrap_or(TimeDelta::MAX)
+        .max(SCHEDULE_STALE_FLOOR)
+}
+
+/// Whether no scheduler has reported the schedule lately, at `now`: its last report
+/// (`seen_at`, by the store's clock) is older than [`schedule_stale_after`]. A hint, not a
+/// verdict: the schedule may have been removed from the code (forget its record), or its
+/// schedulers may be down or unable to reach the store.
+pub fn schedule_looks_stale(info: &ScheduleInfo, now: DateTime<Utc>) -> bool {
+    now - info.seen_at > schedule_stale_after(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queue_core::ScheduleReport;
+
+    fn info(through: Option<&str>, next: Option<&str>, seen_at: &str) -> ScheduleInfo {
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        ScheduleInfo {
+            report: ScheduleReport {
+                name: "s".into(),
+                spec: "every 60s from 1970-01-01T00:00:00Z".into(),
+                missed: "skip after 60s".into(),
+                through: through.map(at),
+                next: next.map(at),
+            },
+            seen_at: at(seen_at),
+            seen_by: "host:1".into(),
+        }
+    }
+
+    #[test]
+    fn a_schedule_looks_stale_after_twice_its_period_or_ten_minutes() {
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        // Every minute: the floor, ten minutes.
+        let minutely = info(
+            Some("2026-01-01T00:00:00Z"),
+            Some("2026-01-01T00:01:00Z"),
+            "2026-01-01T00:00:01Z",
+        );
+        assert_eq!(schedule_stale_after(&minutely), SCHEDULE_STALE_FLOOR);
+        assert!(!schedule_looks_stale(&minutely, at("2026-01-01T00:10:01Z")));
+        assert!(schedule_looks_stale(&minutely, at("2026-01-01T00:10:02Z")));
+        // Daily: two days.
+        let daily = info(
+            Some("2026-01-01T02:00:00Z"),
+            Some("2026-01-02T02:00:00Z"),
+            "2026-01-01T02:00:00Z",
+        );
+        assert_eq!(schedule_stale_after(&daily), TimeDelta::days(2));
+        assert!(!schedule_looks_stale(&daily, at("2026-01-02T02:00:00Z")));
+        assert!(schedule_looks_stale(&daily, at("2026-01-03T02:00:01Z")));
+        // No period handled yet: the wait for the next one counts.
+        let first = info(None, Some("2026-01-02T02:00:00Z"), "2026-01-01T14:00:00Z");
+        assert_eq!(schedule_stale_after(&first), TimeDelta::days(1));
+        // Nothing next: the floor.
+        let over = info(Some("2026-01-01T02:00:00Z"), None, "2026-01-01T02:00:00Z");
+        assert_eq!(schedule_stale_after(&over), SCHEDULE_STALE_FLOOR);
+    }
 }

@@ -1,5 +1,6 @@
-//! The pages: the overview, a queue's jobs, a job. Every value goes through maud, which escapes
-//! it; links carry ids, queue names and states only.
+//! The pages: the overview (with each queue's schedules), a queue's jobs, a job, and the
+//! confirmation pages of the actions that need one. Every value goes through maud, which escapes
+//! it; links carry ids, queue names and states, and a schedule's name percent-encoded.
 
 use std::time::Duration;
 
@@ -8,7 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use queue_core::{Admin, JobFilter, JobId, JobPage, JobRecord, JobStatus, QueueName, RETRYABLE};
+use queue_core::{
+    Admin, JobFilter, JobId, JobPage, JobRecord, JobStatus, QueueName, RETRYABLE, ScheduleInfo,
+};
 use serde::Deserialize;
 
 use crate::{Shared, chart};
@@ -93,12 +96,14 @@ h1 { font-size: 20px; margin: .25rem 0 1rem; } h2 { font-size: 16px; margin: 0 0
 table { border-collapse: collapse; width: 100%; background: #fff; }
 th, td { text-align: left; padding: .35rem .5rem; border-bottom: 1px solid var(--line); vertical-align: top; white-space: nowrap; }
 td.text { white-space: normal; word-break: break-word; min-width: 12rem; }
+td.text time { white-space: nowrap; }
 th { color: var(--muted); font-weight: 600; font-size: 12px; }
 .status { display: inline-block; padding: 0 .4rem; border-radius: 3px; font-size: 12px; background: #e9edf4; }
 .status.dead, .status.failed { background: #fbe2e2; color: #8c1f1f; }
 .status.completed { background: #e0f3e7; color: #1d6b39; }
 .status.in_flight { background: #e2ecfb; }
-.paused { color: #8c5a00; font-weight: 600; }
+.paused, .stale { color: #8c5a00; font-weight: 600; }
+.card.wide { margin-top: 1rem; }
 .muted { color: var(--muted); } .error { color: #8c1f1f; }
 .notice { background: #fff8e1; border: 1px solid #f0d98c; padding: .5rem .75rem; border-radius: 4px; margin-bottom: 1rem; }
 form.inline { display: inline; } button { font: inherit; padding: .15rem .6rem; cursor: pointer; }
@@ -236,22 +241,31 @@ pub(crate) async fn overview<B: Admin, P>(
         names.push(d.queue.queue().clone());
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     }
-    // A few queues at a time: each card is four statements, and a table may hold many queues.
+    // A few queues at a time: each card is five statements, and a table may hold many queues.
     use futures_util::stream::{StreamExt, TryStreamExt};
-    let cards: Vec<Markup> = futures_util::stream::iter(names)
+    let cards: Vec<(Markup, Vec<(QueueName, ScheduleInfo)>)> = futures_util::stream::iter(names)
         .map(|name| queue_card(&d, name))
         .buffered(4)
         .try_collect()
         .await?;
+    let (cards, schedules): (Vec<Markup>, Vec<_>) = cards.into_iter().unzip();
+    let schedules: Vec<(QueueName, ScheduleInfo)> = schedules.into_iter().flatten().collect();
     let body = html! {
         h1 { "Queues" }
         div.cards { @for card in cards { (card) } }
+        @if !schedules.is_empty() {
+            (schedule_table(&d, &schedules, Utc::now()))
+        }
     };
     let flash = notice.flash.as_deref().and_then(|k| d.flashes.get(k));
     Ok(layout(&d, "overview", flash.as_deref(), body, true))
 }
 
-async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Markup, PageError> {
+/// A queue's card, and its recorded schedules for the overview's table of schedules.
+async fn queue_card<B: Admin, P>(
+    d: &Shared<B, P>,
+    name: QueueName,
+) -> Result<(Markup, Vec<(QueueName, ScheduleInfo)>), PageError> {
     let queue = d.queue.for_queue(name.clone());
     let stats = queue.stats(Duration::from_secs(60)).await?;
     let control = queue.control().await?;
@@ -259,6 +273,12 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
     let dead = queue
         .list_jobs(&JobFilter::new().status(JobStatus::Dead).limit(5))
         .await?;
+    let schedules = queue.schedules().await?;
+    let now = Utc::now();
+    let stale = schedules
+        .iter()
+        .filter(|s| crate::schedule_looks_stale(s, now))
+        .count();
     let capped = |n: u64| {
         if n >= queue_core::QueueStats::COUNT_CAP {
             format!("{n}+")
@@ -269,7 +289,7 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
     let jobs = |state: &str| d.href(&format!("/jobs?queue={}&state={state}", name.as_str()));
     let finished = stats.finished_last_hour;
     let back = d.href("/");
-    Ok(html! {
+    let card = html! {
         section.card data-queue=(name.as_str()) {
             h2 {
                 a href=(d.href(&format!("/jobs?queue={}", name.as_str()))) { (name.as_str()) }
@@ -277,6 +297,12 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
             }
             @if !control.limits.is_none() {
                 p.muted data-limits=(control.limits.to_string()) { "Limits: " (control.limits.to_string()) }
+            }
+            @if !schedules.is_empty() {
+                p.muted data-schedules=(schedules.len()) {
+                    a href=(format!("#schedules-{}", name.as_str())) { "Schedules: " (schedules.len()) }
+                    @if stale > 0 { " " span.stale title=(STALE_HINT) { "(" (stale) " stale?)" } }
+                }
             }
             div.counts {
                 div { b data-count="due" { a href=(jobs("pending")) { (capped(stats.due)) } } "due" }
@@ -331,7 +357,139 @@ async fn queue_card<B: Admin, P>(d: &Shared<B, P>, name: QueueName) -> Result<Ma
                 }
             }
         }
-    })
+    };
+    let schedules = schedules.into_iter().map(|s| (name.clone(), s)).collect();
+    Ok((card, schedules))
+}
+
+/// What a stale marker says when pointed at.
+const STALE_HINT: &str = "no scheduler has reported it for more than twice its period \
+    (next − through) or 10 minutes, whichever is longer: removed from the code, or its \
+    schedulers are down or cannot reach the store";
+
+/// The schedules recorded for the queues of the overview, below their cards: a table, a stale
+/// marker on those no scheduler reported lately (by this process's clock against the store's
+/// `seen_at`), and with actions allowed a link to forget each.
+fn schedule_table<B: Admin, P>(
+    d: &Shared<B, P>,
+    schedules: &[(QueueName, ScheduleInfo)],
+    now: DateTime<Utc>,
+) -> Markup {
+    // The first row of each queue is the target of its card's link.
+    let rows = schedules.iter().enumerate().map(|(i, (queue, info))| {
+        let first = i == 0 || schedules[i - 1].0 != *queue;
+        (queue, info, first)
+    });
+    html! {
+        section.card.wide {
+            h2 { "Schedules" }
+            div.scroll {
+                table.schedules {
+                    tr {
+                        th { "queue" } th { "name" } th { "spec" } th { "missed periods" }
+                        th { "through" } th { "next" } th { "last seen" }
+                        @if d.config.allow_actions { th {} }
+                    }
+                    @for (queue, info, first) in rows {
+                        @let stale = crate::schedule_looks_stale(info, now);
+                        tr id=[first.then(|| format!("schedules-{}", queue.as_str()))]
+                            data-queue=(queue.as_str()) data-schedule=(info.report.name) data-stale[stale] {
+                            td { a href=(d.href(&format!("/jobs?queue={}", queue.as_str()))) { (queue.as_str()) } }
+                            td {
+                                (info.report.name)
+                                @if stale { " " span.stale title=(STALE_HINT) { "stale?" } }
+                            }
+                            td.text data-field="spec" { (info.report.spec) }
+                            td data-field="missed" { (info.report.missed) }
+                            td { (when(info.report.through)) }
+                            td { (when(info.report.next)) }
+                            td.text data-field="seen" { (when(Some(info.seen_at))) br; "by " (info.seen_by) }
+                            @if d.config.allow_actions {
+                                td { a.button href=(forget_href(d, queue, &info.report.name)) { "Forget…" } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The confirmation page of forgetting the schedule `name` of `queue`.
+fn forget_href<B: Admin, P>(d: &Shared<B, P>, queue: &QueueName, name: &str) -> String {
+    d.href(&format!(
+        "/queues/{}/forget-schedule?name={}",
+        queue.as_str(),
+        percent_encoded(name)
+    ))
+}
+
+/// `text` for a URL's query: every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as
+/// `%XX`.
+fn percent_encoded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `/queues/{queue}/forget-schedule` query: the schedule's name.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ScheduleQuery {
+    name: Option<String>,
+}
+
+/// The confirmation of forgetting a schedule's record: what was recorded, whether it looks
+/// stale, and the button (actions allowed only).
+pub(crate) async fn confirm_forget_schedule<B: Admin, P>(
+    State(d): State<Shared<B, P>>,
+    Path(queue): Path<String>,
+    Query(query): Query<ScheduleQuery>,
+) -> PageResult {
+    let name = QueueName::new(queue).map_err(|e| PageError::bad_request(e.to_string()))?;
+    let wanted = query.name.unwrap_or_default();
+    let schedules = d.queue.for_queue(name.clone()).schedules().await?;
+    // The name came in a link: not repeated when nothing matches it.
+    let Some(info) = schedules.iter().find(|s| s.report.name == wanted) else {
+        return Err(PageError::not_found(format!(
+            "that schedule is not recorded for queue {} (forgotten already?)",
+            name.as_str()
+        )));
+    };
+    let now = Utc::now();
+    let stale = crate::schedule_looks_stale(info, now);
+    let back = d.href("/");
+    let body = html! {
+        h1 { "Forget the schedule " (info.report.name) " of " (name.as_str()) "?" }
+        p { "Its record goes; the schedule's jobs stay. A scheduler that still runs it records it "
+            "again at its next pass, so forget only a schedule removed from the code." }
+        @if stale {
+            p.stale { "stale? " span.muted { (STALE_HINT) } }
+        } @else {
+            p.muted { "A scheduler reported it lately: it probably still runs." }
+        }
+        dl.fields {
+            dt { "spec" } dd data-field="spec" { (info.report.spec) }
+            dt { "missed periods" } dd data-field="missed" { (info.report.missed) }
+            dt { "through" } dd { (when(info.report.through)) }
+            dt { "next" } dd { (when(info.report.next)) }
+            dt { "last seen" } dd data-field="seen" { (when(Some(info.seen_at))) " by " (info.seen_by) }
+        }
+        @if d.config.allow_actions {
+            form method="post" action=(d.href(&format!("/queues/{}/forget-schedule", name.as_str()))) style="margin-top:1rem" {
+                (form_fields(&d, &back))
+                input type="hidden" name="name" value=(info.report.name);
+                button type="submit" data-action="forget-schedule" { "Forget it" }
+                " " a href=(back) { "Cancel" }
+            }
+        }
+    };
+    Ok(layout(&d, "forget a schedule", None, body, false))
 }
 
 /// The most jobs one press of "retry every dead job" retries.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use queue_core::{
     Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, Hooks, JobId, JobStatus, Lease,
-    MemoryBackend, MemoryTx, NewJob,
+    MemoryBackend, MemoryTx, NewJob, QueueName, ScheduleReport,
 };
 use queue_dashboard::{Auth, DashboardConfig, router};
 use serde_json::{Value, json};
@@ -100,6 +100,18 @@ async fn queue_with_a_dead_job() -> (MemoryBackend, JobId) {
 
 fn hooks() -> Hooks<MemoryTx, Value> {
     Hooks::new()
+}
+
+/// A schedule's report: every minute, the last period handled a minute ago.
+fn report(name: &str, spec: &str) -> ScheduleReport {
+    let now = chrono::Utc::now();
+    ScheduleReport {
+        name: name.to_owned(),
+        spec: spec.to_owned(),
+        missed: "skip after 60s".to_owned(),
+        through: Some(now - chrono::TimeDelta::minutes(1)),
+        next: Some(now),
+    }
 }
 
 fn csrf_of(page: &str) -> String {
@@ -202,14 +214,22 @@ async fn lists_and_jobs_refresh_themselves_keeping_their_filters() {
 #[tokio::test]
 async fn a_read_only_dashboard_refuses_every_action() {
     let (queue, dead) = queue_with_a_dead_job().await;
+    queue
+        .record_schedules(
+            "host-a:1",
+            &[report("rates", "every 60s from 1970-01-01T00:00:00Z")],
+        )
+        .await
+        .unwrap();
     let addr = serve(router(queue.clone(), hooks(), DashboardConfig::new())).await;
     for path in [
         format!("/jobs/{}/retry", dead.0),
         format!("/jobs/{}/cancel", dead.0),
         "/queues/default/pause".to_owned(),
         "/queues/default/retry-dead".to_owned(),
+        "/queues/default/forget-schedule".to_owned(),
     ] {
-        let refused = request(addr, "POST", &path, &[], "csrf=x&seen=dead").await;
+        let refused = request(addr, "POST", &path, &[], "csrf=x&seen=dead&name=rates").await;
         assert_eq!(refused.status, 403, "{path}");
     }
     assert_eq!(
@@ -217,6 +237,11 @@ async fn a_read_only_dashboard_refuses_every_action() {
         JobStatus::Dead
     );
     assert!(!queue.control().await.unwrap().is_paused());
+    assert_eq!(
+        queue.schedules().await.unwrap().len(),
+        1,
+        "a schedule forgotten"
+    );
 }
 
 #[tokio::test]
@@ -520,4 +545,204 @@ async fn bulk_retry_asks_first_and_unknown_queues_are_refused() {
             format!("/jobs/{}?queue=mail", unique.0)
         );
     }
+}
+
+/// The overview shows each queue's recorded schedules, every value escaped; with actions
+/// allowed, a schedule is forgotten only after its confirmation page, with the page's token.
+#[tokio::test]
+async fn schedules_are_shown_escaped_and_forgotten_after_a_confirmation() {
+    let (queue, _) = queue_with_a_dead_job().await;
+    let hostile = "every 60s from <img src=x onerror=alert(1)>";
+    queue
+        .record_schedules(
+            "host<script>alert(1)</script>:1",
+            &[
+                report("nightly.v2", hostile),
+                report("a b&c", "cron 0 2 * * * UTC"),
+            ],
+        )
+        .await
+        .unwrap();
+    let mail = queue.for_queue(QueueName::new("mail").unwrap());
+    mail.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    mail.record_schedules("host-b:2", &[report("digest", "cron 0 7 * * 1 UTC")])
+        .await
+        .unwrap();
+
+    let addr = serve(router(queue.clone(), hooks(), DashboardConfig::new())).await;
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(overview.status, 200);
+    let body = &overview.body;
+    for shown in [
+        r#"data-queue="default" data-schedule="nightly.v2">"#,
+        r#"<td class="text" data-field="spec">every 60s from &lt;img src=x onerror=alert(1)&gt;</td>"#,
+        r#"<td data-field="missed">skip after 60s</td>"#,
+        "<br>by host&lt;script&gt;alert(1)&lt;/script&gt;:1</td>",
+        r#"data-queue="default" data-schedule="a b&amp;c">"#,
+        r#"data-queue="mail" data-schedule="digest">"#,
+        // Each card counts its queue's schedules and links to their rows.
+        r##"<a href="#schedules-default">Schedules: 2</a>"##,
+        r##"<a href="#schedules-mail">Schedules: 1</a>"##,
+        r##"<tr id="schedules-mail" data-queue="mail""##,
+    ] {
+        assert!(body.contains(shown), "{shown} not in {body}");
+    }
+    assert!(
+        !body.contains("<img src=x"),
+        "markup from a spec reached the page"
+    );
+    assert!(
+        !body.contains("<script>alert"),
+        "markup from seen_by reached the page"
+    );
+    assert!(
+        !body.contains("stale?"),
+        "just reported, yet marked stale: {body}"
+    );
+    assert!(
+        !body.contains("forget-schedule"),
+        "a read-only page offers to forget"
+    );
+
+    let addr = serve(router(
+        queue.clone(),
+        hooks(),
+        DashboardConfig::new().allow_actions(true),
+    ))
+    .await;
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert!(
+        overview
+            .body
+            .contains(r#"href="/queues/default/forget-schedule?name=nightly.v2""#),
+        "{}",
+        overview.body
+    );
+    // A name that needs it is percent-encoded in the link, and found again.
+    assert!(
+        overview
+            .body
+            .contains(r#"href="/queues/default/forget-schedule?name=a%20b%26c""#),
+        "{}",
+        overview.body
+    );
+    let confirm = request(
+        addr,
+        "GET",
+        "/queues/default/forget-schedule?name=a%20b%26c",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains(r#"name="name" value="a b&amp;c""#),
+        "{}",
+        confirm.body
+    );
+
+    let confirm = request(
+        addr,
+        "GET",
+        "/queues/default/forget-schedule?name=nightly.v2",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("&lt;img src=x onerror=alert(1)&gt;"),
+        "{}",
+        confirm.body
+    );
+    assert!(!confirm.body.contains("<img src=x"));
+    assert!(!confirm.body.contains("<script>alert"));
+    assert!(confirm.body.contains(r#"data-action="forget-schedule""#));
+    assert!(
+        !confirm.body.contains("http-equiv=\"refresh\""),
+        "a confirmation page refreshes"
+    );
+    assert_eq!(
+        queue.schedules().await.unwrap().len(),
+        2,
+        "a GET changed it"
+    );
+    // A name nobody recorded: not found, and not repeated on the page.
+    let missing = request(
+        addr,
+        "GET",
+        "/queues/default/forget-schedule?name=%3Cmarquee%3E",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(missing.status, 404);
+    assert!(!missing.body.contains("marquee"), "{}", missing.body);
+    let bad = request(
+        addr,
+        "GET",
+        "/queues/has%20space/forget-schedule?name=x",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+
+    let token = csrf_of(&confirm.body);
+    let path = "/queues/default/forget-schedule";
+    let wrong = request(addr, "POST", path, &[], "csrf=00&name=nightly.v2&back=%2F").await;
+    assert_eq!(wrong.status, 403);
+    let form = format!("csrf={token}&name=nightly.v2&back=%2F");
+    let foreign = request(
+        addr,
+        "POST",
+        path,
+        &[("Origin", "http://evil.example")],
+        &form,
+    )
+    .await;
+    assert_eq!(foreign.status, 403);
+    assert_eq!(
+        queue.schedules().await.unwrap().len(),
+        2,
+        "a refused POST changed it"
+    );
+    let nameless = request(addr, "POST", path, &[], &format!("csrf={token}&back=%2F")).await;
+    assert_eq!(nameless.status, 400);
+
+    let done = request(addr, "POST", path, &[], &form).await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let location = done.header("location").unwrap();
+    assert!(location.starts_with("/?flash="), "{location}");
+    let names: Vec<String> = queue
+        .schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.report.name)
+        .collect();
+    assert_eq!(names, ["a b&c"]);
+    assert_eq!(
+        mail.schedules().await.unwrap().len(),
+        1,
+        "another queue's stays"
+    );
+    let shown = request(addr, "GET", &location, &[], "").await;
+    assert!(
+        shown
+            .body
+            .contains("schedule nightly.v2 of default forgotten"),
+        "{}",
+        shown.body
+    );
+    assert!(!shown.body.contains(r#"data-schedule="nightly.v2""#));
+    let again = request(addr, "POST", path, &[], &form).await;
+    let shown = request(addr, "GET", &again.header("location").unwrap(), &[], "").await;
+    assert!(
+        shown
+            .body
+            .contains("schedule nightly.v2 of default was not recorded"),
+        "{}",
+        shown.body
+    );
 }

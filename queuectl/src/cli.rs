@@ -12,7 +12,8 @@ use queue_postgres::TableName;
     name = "queuectl",
     version,
     about = "Operate the queues of a queue-framework table: status, pause, drain, limit, \
-             list, show, retry, cancel and purge jobs, migrate and upgrade tables.",
+             list, show, retry, cancel and purge jobs, see and forget schedules, migrate and \
+             upgrade tables.",
     after_help = "Exit codes: 0 done, 1 failed, 2 bad usage or value, 3 not found, 4 refused \
                   (nothing changed), 5 not confirmed, 6 timed out, 130 interrupted."
 )]
@@ -51,7 +52,8 @@ pub enum Command {
     /// Upgrade a legacy queue table in place, in phases the legacy release can run beside
     /// (short-locked columns, batched backfill, concurrent index builds); run it again to resume.
     UpgradeLegacy(UpgradeArgs),
-    /// Every queue of the table: backlog, lag, leases, the last hour's outcomes, paused or not.
+    /// Every queue of the table: backlog, lag, leases, the last hour's outcomes, paused or not,
+    /// and a line per queue with recorded schedules (how many, how many look stale).
     Status(StatusArgs),
     /// Pause, resume or drain a queue, or set its limits.
     #[command(subcommand)]
@@ -59,6 +61,16 @@ pub enum Command {
     /// List, show, retry or cancel jobs.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// The schedules the schedulers recorded, or forget one's record.
+    ///
+    /// Without a subcommand: one row per schedule of every queue `status` lists (and of
+    /// --queue): its queue, name, spec (when its periods fall), what happens to missed periods,
+    /// the latest period handled (through), the next, and when and by which scheduler it was
+    /// last reported (seen, by the database's clock). A schedule is marked `stale?` when its
+    /// last report is older than twice its period (next - through; next - seen before a first
+    /// period) or 10 minutes, whichever is longer: no scheduler has reported it lately (it was
+    /// removed from the code, or its schedulers are down or cannot reach the database).
+    Schedules(SchedulesArgs),
     /// Delete terminal jobs older than an age, in bounded batches.
     Purge(PurgeArgs),
     /// The jobs in flight: their holders, partitions, generations, time left on their leases,
@@ -75,7 +87,8 @@ pub struct ServeArgs {
     /// --no-auth, said out loud).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: std::net::SocketAddr,
-    /// Allow retry, cancel, bulk retry, pause and resume from the pages.
+    /// Allow retry, cancel, bulk retry, pause, resume and forgetting a schedule's record from
+    /// the pages.
     #[arg(long)]
     pub allow_actions: bool,
     /// Show job payloads on job pages (they may hold personal or secret data).
@@ -163,6 +176,27 @@ pub enum QueueCommand {
         /// partitions take turns. Jobs without a partition key are not limited by it.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_per_partition: Option<u32>,
+    },
+}
+
+/// `schedules [forget NAME]`.
+#[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SchedulesArgs {
+    /// Without one: list the schedules.
+    #[command(subcommand)]
+    pub command: Option<SchedulesCommand>,
+}
+
+/// `schedules …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum SchedulesCommand {
+    /// Forget the record of a schedule of --queue that no scheduler runs any more (its jobs
+    /// stay). A scheduler that still runs it records it again at its next pass. Exit 3 when it
+    /// was not recorded.
+    Forget {
+        /// The schedule's name.
+        name: String,
     },
 }
 
@@ -370,6 +404,19 @@ mod tests {
             let err = Cli::try_parse_from(["queuectl", "queue", "limit", limit, "0"]).unwrap_err();
             assert!(err.to_string().contains(limit), "{err}");
         }
+        let listed = Cli::try_parse_from(["queuectl", "schedules"]).unwrap();
+        assert!(matches!(
+            listed.command,
+            Command::Schedules(SchedulesArgs { command: None })
+        ));
+        let forget = Cli::try_parse_from(["queuectl", "schedules", "forget", "nightly"]).unwrap();
+        assert!(matches!(
+            forget.command,
+            Command::Schedules(SchedulesArgs {
+                command: Some(SchedulesCommand::Forget { ref name }),
+            }) if name == "nightly"
+        ));
+        assert!(Cli::try_parse_from(["queuectl", "schedules", "forget"]).is_err());
         let set = Cli::try_parse_from(["queuectl", "queue", "limit", "--max-per-partition", "2"]);
         assert!(
             matches!(

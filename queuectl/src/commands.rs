@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::cli::{Cli, Command, JobsCommand, QueueCommand};
+use crate::cli::{Cli, Command, JobsCommand, QueueCommand, SchedulesCommand};
 use crate::output::{self, Out};
 
 /// How a command ended: the process's exit code.
@@ -30,7 +30,7 @@ pub enum Exit {
     Failed = 1,
     /// Bad usage or a bad value.
     Usage = 2,
-    /// A job was not found.
+    /// A job was not found, or a schedule was not recorded.
     NotFound = 3,
     /// Refused, nothing changed: a job in another state, or a hook's refusal.
     Refused = 4,
@@ -122,6 +122,15 @@ where
         }
         Command::Queue(command) => queue_command(cli, &pool, &out, command).await,
         Command::Jobs(command) => jobs_command(cli, &pool, &out, command, hooks).await,
+        Command::Schedules(args) => {
+            let queue = open(cli, &pool).await?;
+            match &args.command {
+                None => output::schedules(&out, &queue).await,
+                Some(SchedulesCommand::Forget { name }) => {
+                    forget_schedule(cli, &queue, &out, name).await
+                }
+            }
+        }
         Command::Purge(args) => {
             let queue = open(cli, &pool).await?;
             let statuses: Vec<JobStatus> = args.states.iter().map(|&s| s.into()).collect();
@@ -490,6 +499,32 @@ async fn queue_command(
                 Exit::TimedOut
             })
         }
+    }
+}
+
+/// `schedules forget NAME`: the record goes (a scheduler that still runs it records it again);
+/// not recorded: exit 3, as a job not found.
+async fn forget_schedule(cli: &Cli, queue: &PgQueue, out: &Out, name: &str) -> Result<Exit> {
+    if queue.forget_schedule(name).await? {
+        out.done(
+            &format!(
+                "schedule {name} of queue {} forgotten (a scheduler that still runs it records it \
+                 again at its next pass)",
+                cli.queue
+            ),
+            &serde_json::json!({
+                "queue": cli.queue.as_str(),
+                "name": name,
+                "forgotten": true,
+            }),
+        )?;
+        Ok(Exit::Done)
+    } else {
+        out.not_found(&format!(
+            "no schedule {name:?} is recorded for queue {} (queuectl schedules lists them)",
+            cli.queue
+        ))?;
+        Ok(Exit::NotFound)
     }
 }
 

@@ -20,11 +20,11 @@
 //! ```
 //!
 //! Exit codes ([`Exit`]): 0 done; 1 failed (the database, an unexpected error); 2 bad usage or a
-//! bad value; 3 a job not found; 4 refused, nothing changed (a job in another state, a hook's
-//! refusal); 5 not confirmed (a destructive command without `--yes` and no terminal to ask);
-//! 6 timed out (a drain with jobs still running); 130 interrupted (Ctrl-C), after what was done
-//! so far. With `--json`, stdout holds one JSON document whatever the outcome (an error is
-//! `{"error": …, "exit": …}`).
+//! bad value; 3 not found (a job, a schedule's record); 4 refused, nothing changed (a job in
+//! another state, a hook's refusal); 5 not confirmed (a destructive command without `--yes` and
+//! no terminal to ask); 6 timed out (a drain with jobs still running); 130 interrupted (Ctrl-C),
+//! after what was done so far. With `--json`, stdout holds one JSON document whatever the outcome
+//! (an error is `{"error": …, "exit": …}`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -39,7 +39,7 @@ use queue_core::Hooks;
 use queue_postgres::PgTx;
 use serde::de::DeserializeOwned;
 
-pub use cli::{Cli, Command, JobsCommand, QueueCommand};
+pub use cli::{Cli, Command, JobsCommand, QueueCommand, SchedulesArgs, SchedulesCommand};
 pub use commands::{CtlError, Exit};
 
 /// How an embedding binary presents the commands: its name and its defaults.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use comfy_table::{Table, presets};
 use queue_core::{
-    Admin, Backend, JobFilter, JobPage, JobRecord, JobStatus, QueueControl, QueueName,
+    Admin, Backend, JobFilter, JobPage, JobRecord, JobStatus, QueueControl, QueueName, ScheduleInfo,
 };
 use queue_postgres::PgQueue;
 use serde_json::{Value, json};
@@ -37,7 +37,8 @@ impl Out {
         Ok(())
     }
 
-    /// A job that is not there: the message on stderr, and with `--json` a document on stdout.
+    /// A job or a schedule that is not there: the message on stderr, and with `--json` a
+    /// document on stdout.
     pub(crate) fn not_found(&self, text: &str) -> Result<(), CtlError> {
         eprintln!("{text}");
         if self.json {
@@ -103,13 +104,40 @@ pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
     })
 }
 
-/// `status`: one row per queue of the table (and the queue asked for, even when idle).
-pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Result<Exit, CtlError> {
+/// The queues `status` and `schedules` show: every queue of the table with work, a pause, a
+/// worker that served it or a stale fence ([`Admin::queues`]), and the queue asked for.
+async fn queues_shown(queue: &PgQueue) -> Result<Vec<QueueName>, CtlError> {
     let mut names = queue.queues().await?;
     if !names.contains(queue.queue()) {
         names.push(queue.queue().clone());
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     }
+    Ok(names)
+}
+
+/// The database's clock, which stamps what the commands compare with (leases, schedules).
+async fn database_now(queue: &PgQueue) -> Result<DateTime<Utc>, CtlError> {
+    Ok(queue
+        .query("SELECT now() AS now", ())
+        .await?
+        .first()
+        .map(|row| row.get("now"))
+        .transpose()?
+        .unwrap_or_else(Utc::now))
+}
+
+/// Whether a schedule's record looks stale: the dashboard's rule
+/// ([`queue_dashboard::schedule_looks_stale`]), against the database's clock.
+fn looks_stale(info: &ScheduleInfo, now: DateTime<Utc>) -> bool {
+    queue_dashboard::schedule_looks_stale(info, now)
+}
+
+/// `status`: one row per queue of the table (and the queue asked for, even when idle); below
+/// the table, a line per queue with recorded schedules.
+pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Result<Exit, CtlError> {
+    let names = queues_shown(queue).await?;
+    let now = database_now(queue).await?;
+    let mut schedule_lines = Vec::new();
     let mut table = new_table(&[
         "queue",
         "state",
@@ -131,6 +159,19 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
         let handle = queue.for_queue(name.clone());
         let stats = handle.stats(window).await?;
         let control = handle.control().await?;
+        let schedules = handle.schedules().await?;
+        let stale = schedules.iter().filter(|s| looks_stale(s, now)).count();
+        if !schedules.is_empty() {
+            schedule_lines.push(format!(
+                "schedules of {name}: {}{}",
+                schedules.len(),
+                if stale > 0 {
+                    format!(" ({stale} stale?)")
+                } else {
+                    String::new()
+                }
+            ));
+        }
         let capped = |n: u64| {
             if n >= queue_core::QueueStats::COUNT_CAP {
                 format!("{n}+")
@@ -186,6 +227,8 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             "stale_fences": control.stale_fences,
             "last_stale_at": control.last_stale_at,
             "limits": limits_json(&control.limits),
+            "schedules": schedules.len(),
+            "schedules_stale": stale,
             "finished_last_hour": {
                 "completed": finished.completed,
                 "failed": finished.failed,
@@ -194,7 +237,60 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             },
         }));
     }
-    out.table(table, &json!({ "queues": documents }))?;
+    let mut text = table.to_string();
+    if !schedule_lines.is_empty() {
+        text.push('\n');
+        text.push_str(&schedule_lines.join("\n"));
+    }
+    out.done(&text, &json!({ "queues": documents }))?;
+    Ok(Exit::Done)
+}
+
+/// `schedules`: one row per schedule recorded for the queues `status` shows, with a `stale?`
+/// hint by the database's clock.
+pub(crate) async fn schedules(out: &Out, queue: &PgQueue) -> Result<Exit, CtlError> {
+    let names = queues_shown(queue).await?;
+    let now = database_now(queue).await?;
+    let mut table = new_table(&[
+        "queue", "name", "spec", "missed", "through", "next", "seen", "by", "hint",
+    ]);
+    let mut documents = Vec::new();
+    for name in names {
+        for info in queue.for_queue(name.clone()).schedules().await? {
+            let stale = looks_stale(&info, now);
+            let report = &info.report;
+            table.add_row(vec![
+                name.to_string(),
+                report.name.clone(),
+                report.spec.clone(),
+                report.missed.clone(),
+                instant(report.through),
+                instant(report.next),
+                instant(Some(info.seen_at)),
+                info.seen_by.clone(),
+                if stale { "stale?" } else { "" }.to_owned(),
+            ]);
+            documents.push(json!({
+                "queue": name.as_str(),
+                "name": report.name,
+                "spec": report.spec,
+                "missed": report.missed,
+                "through": report.through,
+                "next": report.next,
+                "seen_at": info.seen_at,
+                "seen_by": info.seen_by,
+                "stale": stale,
+            }));
+        }
+    }
+    if documents.is_empty() {
+        out.done(
+            "no schedule recorded (a scheduler records its schedules after each pass)",
+            &json!({ "schedules": documents }),
+        )?;
+    } else {
+        out.table(table, &json!({ "schedules": documents }))?;
+    }
     Ok(Exit::Done)
 }
 
@@ -351,13 +447,7 @@ pub(crate) fn items(out: &Out, results: &[ItemResult]) -> Result<Exit, CtlError>
 /// `lease`: the jobs in flight, their partitions (what a limit per partition counts), the time
 /// left on each lease by the database's clock.
 pub(crate) async fn leases(out: &Out, queue: &PgQueue, limit: u32) -> Result<Exit, CtlError> {
-    let now: DateTime<Utc> = queue
-        .query("SELECT now() AS now", ())
-        .await?
-        .first()
-        .map(|row| row.get("now"))
-        .transpose()?
-        .unwrap_or_else(Utc::now);
+    let now = database_now(queue).await?;
     let page = queue
         .list_jobs(&JobFilter::new().status(JobStatus::InFlight).limit(limit))
         .await?;

@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use assert_cmd::Command;
+use chrono::{DateTime, Utc};
 use queue_core::{
-    Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+    Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+    QueueName, ScheduleReport,
 };
 use queue_postgres::testing::ScratchDb;
 use queue_postgres::{PgQueue, TableName};
@@ -428,6 +430,216 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
     db.drop_db().await;
 }
 
+fn at(text: &str) -> DateTime<Utc> {
+    text.parse().unwrap()
+}
+
+/// Sets a schedule's last report back by `interval` (a PostgreSQL interval), as if no scheduler
+/// had reported it since.
+async fn seen_ago(db: &ScratchDb, name: &str, interval: &str) {
+    let done = sqlx::query(
+        "UPDATE queue_jobs_schedules SET seen_at = now() - $2::interval WHERE name = $1",
+    )
+    .bind(name)
+    .bind(interval)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(done.rows_affected(), 1, "{name}");
+}
+
+/// `schedules` lists what schedulers recorded, for every queue `status` lists, in text and
+/// JSON, marks the records no scheduler reported lately `stale?` (twice the period, at least
+/// 10 minutes), and `status` counts them; `schedules forget` drops a record, and exits 3 for one
+/// that is not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_lists_marks_stale_and_forgets_recorded_schedules() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    let listed = json_of(&db, &["schedules"], 0);
+    assert_eq!(listed, json!({ "schedules": [] }));
+    let text = ctl(&db).arg("schedules").output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("no schedule recorded"));
+
+    let nightly = ScheduleReport {
+        name: "nightly".into(),
+        spec: "cron 0 2 * * * Europe/Berlin".into(),
+        missed: "skip after 60s".into(),
+        through: Some(at("2026-01-01T01:00:00Z")),
+        next: Some(at("2026-01-02T01:00:00Z")),
+    };
+    let rates = ScheduleReport {
+        name: "rates".into(),
+        spec: "every 60s from 1970-01-01T00:00:00Z".into(),
+        missed: "catch up within 21600s".into(),
+        through: Some(at("2026-01-01T00:01:00Z")),
+        next: Some(at("2026-01-01T00:02:00Z")),
+    };
+    queue
+        .record_schedules("host-a:1", &[nightly.clone(), rates.clone()])
+        .await
+        .unwrap();
+    // Another queue's schedule, before its first period: listed once the queue is.
+    let mail = queue.for_queue(QueueName::new("mail").unwrap());
+    let digest = ScheduleReport {
+        name: "digest".into(),
+        spec: "cron 0 7 * * 1 UTC".into(),
+        missed: "skip after 60s".into(),
+        through: None,
+        next: Some(at("2030-01-07T07:00:00Z")),
+    };
+    mail.record_schedules("host-b:2", &[digest]).await.unwrap();
+
+    let listed = json_of(&db, &["schedules"], 0);
+    let rows = listed["schedules"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["nightly", "rates"],
+        "the queue asked for; mail has no job yet"
+    );
+    let row = &rows[1];
+    assert_eq!(row["queue"], "default");
+    assert_eq!(row["spec"], rates.spec);
+    assert_eq!(row["missed"], "catch up within 21600s");
+    assert_eq!(row["seen_by"], "host-a:1");
+    assert_eq!(row["stale"], false, "just reported");
+    for field in ["through", "next", "seen_at"] {
+        let text = row[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{field}: {row}"));
+        DateTime::parse_from_rfc3339(text).unwrap_or_else(|e| panic!("{field} {text}: {e}"));
+    }
+    assert_eq!(at(row["through"].as_str().unwrap()), rates.through.unwrap());
+    assert_eq!(at(row["next"].as_str().unwrap()), rates.next.unwrap());
+    let seen = at(row["seen_at"].as_str().unwrap());
+    assert!(
+        (Utc::now() - seen).num_seconds().abs() < 60,
+        "seen by the database's clock: {seen}"
+    );
+
+    // The queue named by --queue (default has no job: not listed then), and with a job, mail
+    // is a queue `status` lists, and so are its schedules.
+    let by_name = json_of(&db, &["--queue", "mail", "schedules"], 0);
+    assert_eq!(by_name["schedules"].as_array().unwrap().len(), 1);
+    assert_eq!(by_name["schedules"][0]["name"], "digest");
+    mail.enqueue(NewJob::new(&1).unwrap()).await.unwrap();
+    let listed = json_of(&db, &["schedules"], 0);
+    let rows = listed["schedules"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(
+        (&rows[0]["queue"], &rows[0]["name"]),
+        (&json!("default"), &json!("nightly"))
+    );
+    let digest_row = &rows[2];
+    assert_eq!(
+        (&digest_row["queue"], &digest_row["name"]),
+        (&json!("mail"), &json!("digest"))
+    );
+    assert_eq!(digest_row["through"], Value::Null);
+    assert_eq!(digest_row["seen_by"], "host-b:2");
+
+    // No report for a day: stale for a minutely schedule (10 minutes), not for a daily one
+    // (two days); three days, both.
+    seen_ago(&db, "rates", "1 day").await;
+    seen_ago(&db, "nightly", "1 day").await;
+    let listed = json_of(&db, &["schedules"], 0);
+    let stale: Vec<(&str, bool)> = listed["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["stale"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(
+        stale,
+        [("nightly", false), ("rates", true), ("digest", false)]
+    );
+    let text = ctl(&db).arg("schedules").output().unwrap();
+    assert_eq!(text.status.code(), Some(0));
+    let text = String::from_utf8(text.stdout).unwrap();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!(" {name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_owned()
+    };
+    let rates_line = line("rates");
+    for shown in [
+        "default",
+        "every 60s from 1970-01-01T00:00:00Z",
+        "catch up within 21600s",
+        "2026-01-01 00:01:00.000 UTC",
+        "2026-01-01 00:02:00.000 UTC",
+        "host-a:1",
+        "stale?",
+    ] {
+        assert!(rates_line.contains(shown), "{shown} in {rates_line}");
+    }
+    assert!(!line("nightly").contains("stale?"), "{text}");
+    assert!(line("nightly").contains("cron 0 2 * * * Europe/Berlin"));
+    assert!(line("digest").contains("host-b:2"));
+    seen_ago(&db, "nightly", "3 days").await;
+    let listed = json_of(&db, &["schedules"], 0);
+    assert_eq!(listed["schedules"][0]["stale"], true, "{listed}");
+
+    // `status` counts each queue's schedules and the stale ones.
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(
+        (
+            &status["queues"][0]["queue"],
+            &status["queues"][0]["schedules"],
+            &status["queues"][0]["schedules_stale"]
+        ),
+        (&json!("default"), &json!(2), &json!(2))
+    );
+    assert_eq!(status["queues"][1]["schedules"], 1);
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("\nschedules of default: 2 (2 stale?)\nschedules of mail: 1"),
+        "{text}"
+    );
+
+    // Forget: the record goes, the other queue's stays; again: not found (3), said clearly.
+    let forgotten = json_of(&db, &["schedules", "forget", "rates"], 0);
+    assert_eq!(
+        forgotten,
+        json!({ "queue": "default", "name": "rates", "forgotten": true })
+    );
+    let names: Vec<String> = queue
+        .schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.report.name)
+        .collect();
+    assert_eq!(names, ["nightly"]);
+    let again = json_of(&db, &["schedules", "forget", "rates"], 3);
+    assert_eq!(again["exit"], 3);
+    let again = ctl(&db)
+        .args(["schedules", "forget", "rates"])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("no schedule \"rates\" is recorded for queue default"),
+        "{stderr}"
+    );
+    // A schedule of another queue is forgotten with --queue, not without.
+    json_of(&db, &["schedules", "forget", "digest"], 3);
+    json_of(
+        &db,
+        &["--queue", "mail", "schedules", "forget", "digest"],
+        0,
+    );
+    assert!(mail.schedules().await.unwrap().is_empty());
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(!text.contains("schedules of mail"), "{text}");
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_legacy_upgrades_a_legacy_table_once_confirmed() {
     let db = ScratchDb::empty().await;
@@ -580,6 +792,8 @@ async fn bad_input_gets_a_clear_message_and_changes_nothing() {
         vec!["queue", "drain", "--help"],
         vec!["lease", "--help"],
         vec!["serve", "--help"],
+        vec!["schedules", "--help"],
+        vec!["schedules", "forget", "--help"],
     ] {
         let (code, _) = run(ctl(&db).args(&help));
         assert_eq!(code, Some(0), "{help:?}");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use queue_core::{
     Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, JobId, JobStatus, Lease, NewJob,
+    ScheduleReport,
 };
 use queue_postgres::PgQueue;
 use queue_postgres::testing::ScratchDb;
@@ -25,6 +26,7 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// What the page must show literally and never run.
 const SCRIPT_IN_ERROR: &str = "<script>document.title='pwned'</script> partner said no";
+const SCRIPT_IN_SCHEDULER: &str = "<script>window.__xss = 2</script>:7";
 const SCRIPT_IN_PAYLOAD: &str = "<script>window.__xss = 1</script>";
 
 fn free_port() -> u16 {
@@ -272,10 +274,32 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
         rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
         max_per_partition: Some(1),
     };
-    Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap())
-        .set_limits(mail_limits)
-        .await
-        .unwrap();
+    let mail = Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap());
+    mail.set_limits(mail_limits).await.unwrap();
+    // Two schedules of mail: one reported just now, one no scheduler reported for a day.
+    let now = chrono::Utc::now();
+    let schedule = |name: &str, spec: &str| ScheduleReport {
+        name: name.to_owned(),
+        spec: spec.to_owned(),
+        missed: "catch up within 21600s".to_owned(),
+        through: Some(now - chrono::TimeDelta::minutes(1)),
+        next: Some(now),
+    };
+    mail.record_schedules(
+        SCRIPT_IN_SCHEDULER,
+        &[
+            schedule("fx-rates", "every 60s from 1970-01-01T00:00:00Z"),
+            schedule("nightly", "cron 0 2 * * * Europe/Berlin"),
+        ],
+    )
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs_schedules SET seen_at = now() - interval '1 day' WHERE name = 'fx-rates'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let (_server, base) = serve(&db, &["--allow-actions", "--show-payloads"]).await;
     let (_driver, client, profile) = browser().await;
 
@@ -314,9 +338,81 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
         listed.contains(SCRIPT_IN_ERROR),
         "the dead job's error: {listed:?}"
     );
+    // Mail's schedules, the one no scheduler reported lately marked, the scheduler's name
+    // shown as text.
+    let stale_row = "table.schedules tr[data-queue='mail'][data-schedule='fx-rates']";
+    let stale = text(&client, stale_row).await;
+    for shown in [
+        "fx-rates stale?",
+        "every 60s from 1970-01-01T00:00:00Z",
+        SCRIPT_IN_SCHEDULER,
+    ] {
+        assert!(stale.contains(shown), "{shown} in {stale:?}");
+    }
+    let fresh = text(
+        &client,
+        "table.schedules tr[data-queue='mail'][data-schedule='nightly']",
+    )
+    .await;
+    assert_eq!(
+        text(&client, "section[data-queue='mail'] p[data-schedules]").await,
+        "Schedules: 2 (1 stale?)"
+    );
+    assert!(fresh.contains("cron 0 2 * * * Europe/Berlin"), "{fresh:?}");
+    assert!(!fresh.contains("stale?"), "{fresh:?}");
     assert_no_script_ran(&client).await;
     assert!(fits_width(&client).await, "the overview overflows 1280 px");
     screenshot(&client, "dashboard-overview.png", profile.path()).await;
+
+    // Forget the stale one: its confirmation page says it looks stale, then the record goes.
+    client
+        .find(Locator::Css(&format!("{stale_row} a.button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(text(&client, "h1").await.contains("fx-rates"));
+    assert!(text(&client, "p.stale").await.starts_with("stale?"));
+    assert_no_script_ran(&client).await;
+    client
+        .find(Locator::Css("button[data-action='forget-schedule']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if client
+        .wait()
+        .for_element(Locator::Css("p.notice"))
+        .await
+        .is_err()
+    {
+        let url = client.current_url().await.unwrap();
+        let page = client.source().await.unwrap();
+        panic!("the forget's result is not shown at {url}: {page}");
+    }
+    assert!(
+        text(&client, "p.notice")
+            .await
+            .contains("schedule fx-rates of mail forgotten")
+    );
+    let names: Vec<String> = mail
+        .schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.report.name)
+        .collect();
+    assert_eq!(names, ["nightly"]);
+    assert!(
+        client
+            .find_all(Locator::Css(stale_row))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the forgotten schedule is still shown"
+    );
 
     // The job's page: its fields, its payload as text (started with --show-payloads).
     client
@@ -389,8 +485,35 @@ async fn a_default_dashboard_shows_and_changes_nothing_it_should_not() {
     let db = ScratchDb::new().await;
     let queue = db.queue().await;
     let dead = seed(&queue).await;
+    queue
+        .record_schedules(
+            "host-a:1",
+            &[ScheduleReport {
+                name: "rates".to_owned(),
+                spec: "every 60s from 1970-01-01T00:00:00Z".to_owned(),
+                missed: "skip after 60s".to_owned(),
+                through: None,
+                next: None,
+            }],
+        )
+        .await
+        .unwrap();
     let (_server, base) = serve(&db, &[]).await;
     let (_driver, client, _profile) = browser().await;
+    client.goto(&format!("{base}/")).await.unwrap();
+    assert!(
+        text(&client, "tr[data-schedule='rates']")
+            .await
+            .contains("host-a:1")
+    );
+    assert!(
+        client
+            .find_all(Locator::Css("a.button, button"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "a read-only overview offers actions"
+    );
     client
         .goto(&format!("{base}/jobs/{}?queue=default", dead.0))
         .await
