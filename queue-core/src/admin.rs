@@ -512,8 +512,8 @@ pub trait Admin: Backend {
     fn set_limits(&self, limits: QueueLimits) -> impl Future<Output = Result<QueueControl>> + Send;
 
     /// The queues of this handle's store (a PostgreSQL table, a memory store) that have a
-    /// pending, running, failed, dead or cancelled job, a pause, a stale fence, or a worker that
-    /// served them ([`Backend::note_served`]), sorted by name.
+    /// pending, running, failed, dead or cancelled job, a pause, a stale fence, a worker that
+    /// served them ([`Backend::note_served`]), or a recorded schedule, sorted by name.
     fn queues(&self) -> impl Future<Output = Result<Vec<QueueName>>> + Send;
 
     /// A handle on another queue of the same store, sharing its connections.

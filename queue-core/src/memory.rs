@@ -1191,6 +1191,7 @@ impl crate::admin::Admin for MemoryBackend {
         names.extend(state.paused.keys().map(String::as_str));
         names.extend(state.served.iter().map(String::as_str));
         names.extend(state.stale.keys().map(String::as_str));
+        names.extend(state.schedules.keys().map(|(queue, _)| queue.as_str()));
         names
             .into_iter()
             .map(|name| QueueName::new(name).map_err(Into::into))

@@ -28,4 +28,5 @@ UNION SELECT queue FROM running WHERE queue IS NOT NULL
 UNION SELECT queue FROM ended WHERE queue IS NOT NULL
 UNION SELECT queue FROM "{{table}}_queues"
       WHERE paused_at IS NOT NULL OR served_at IS NOT NULL OR stale_fences > 0
+UNION SELECT queue FROM "{{table}}_schedules"
 ORDER BY queue

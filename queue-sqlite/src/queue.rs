@@ -593,6 +593,7 @@ impl Sql {
                  UNION SELECT queue FROM ended WHERE queue IS NOT NULL
                  UNION SELECT queue FROM {q}
                        WHERE paused_at IS NOT NULL OR served_at IS NOT NULL OR stale_fences > 0
+                 UNION SELECT queue FROM \"{table}_schedules\"
                  ORDER BY 1"
             ),
             // One read: the current minute and the counts of the window up to its end (a row

@@ -267,6 +267,13 @@ cases! {
         assert_eq!(shown[1].seen_by, "host-b:2");
         let other = h.other_queue(crate::types::QueueName::new("other").unwrap());
         assert!(other.schedules().await.unwrap().is_empty(), "per queue");
+        let scheduled = h.other_queue(crate::types::QueueName::new("scheduled").unwrap());
+        scheduled.record_schedules("host-c:3", &[shown[1].report.clone()]).await.unwrap();
+        let queues = b.queues().await.unwrap();
+        assert!(
+            queues.iter().any(|q| q.as_str() == "scheduled"),
+            "a queue whose only trace is a schedule is listed: {queues:?}"
+        );
 
         assert!(b.forget_schedule("nightly").await.unwrap());
         assert!(!b.forget_schedule("nightly").await.unwrap(), "already forgotten");
