@@ -40,6 +40,9 @@ struct Faults {
     hang: AtomicBool,
     /// A scheduler's records of its schedules (`record_schedules`) fail with a connection error.
     records_fail: AtomicBool,
+    /// A claim's answer comes back 200 ms after the store read it (a slow round trip), and no
+    /// wake-up signal is given (as on PostgreSQL, where an outcome sends no NOTIFY).
+    slow_claims_no_wake: AtomicBool,
     claim_calls: AtomicU32,
     enqueue_calls: AtomicU32,
     /// Fires at every enqueue call, before its fault gate.
@@ -169,7 +172,11 @@ impl Backend for Faulty {
     async fn claim(&self, request: ClaimRequest) -> Result<ClaimBatch> {
         self.faults.claim_calls.fetch_add(1, Ordering::SeqCst);
         self.gate(|f| &f.claims_fail).await?;
-        self.inner.claim(request).await
+        let batch = self.inner.claim(request).await;
+        if self.faults.slow_claims_no_wake.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        batch
     }
 
     async fn finalize_in(
@@ -227,6 +234,9 @@ impl Backend for Faulty {
     }
 
     fn wake_signal(&self) -> Option<Arc<Notify>> {
+        if self.faults.slow_claims_no_wake.load(Ordering::SeqCst) {
+            return None;
+        }
         self.inner.wake_signal()
     }
 }
@@ -712,6 +722,50 @@ async fn a_scheduler_that_cannot_record_its_schedules_still_enqueues() {
     );
     scheduler.shutdown().await;
     drop(guard);
+}
+
+/// Waits `p["ms"]` milliseconds.
+struct Sleeps;
+
+impl Handler for Sleeps {
+    type Payload = Value;
+    async fn handle(&self, _ctx: JobContext, p: Value) -> Result<(), JobError> {
+        tokio::time::sleep(Duration::from_millis(p["ms"].as_u64().unwrap_or(0))).await;
+        Ok(())
+    }
+}
+
+/// An outcome written while a claim is on its way back (the claim read the store before it)
+/// may have freed room the claim did not see: the short claim is followed by another at once,
+/// not at the next poll (an hour here).
+#[tokio::test]
+async fn an_outcome_written_during_a_claim_makes_the_next_claim_due() {
+    use crate::{Admin, QueueLimits};
+    let backend = Faulty::new();
+    backend.set(|f| &f.slow_claims_no_wake, true);
+    for (ms, key) in [(200, "p"), (100, "q"), (0, "p")] {
+        let job = NewJob::from_value(json!({ "ms": ms })).partition_key(key);
+        backend.inner.enqueue(job).await.unwrap();
+    }
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    backend.set_limits(limits).await.unwrap();
+    let config = WorkerConfig {
+        concurrency: 2,
+        poll_interval: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(backend.clone(), Sleeps, config)
+        .unwrap()
+        .start();
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(20), |s| s.completed == 3)
+        .await
+        .unwrap_or_else(|last| panic!("the last job waited for the poll: {last:?}"));
+    worker.shutdown().await.unwrap();
+    assert_eq!(stats.completed, 3);
 }
 
 /// A scheduler's shutdown is bounded when the store hangs in the middle of an enqueue.

@@ -773,9 +773,11 @@ impl Backend for MemoryBackend {
             state.put(id, Some(row));
         }
         if let Some(walk) = walk {
+            // Only the partitions' offers: a takeover is no partition's turn.
             let taken: HashSet<&str> = batch
                 .jobs
                 .iter()
+                .filter(|job| !job.taken_over)
                 .filter_map(|job| state.jobs[&job.id.0].partition_key.as_deref())
                 .collect();
             match walk.cursor_after(|key| taken.contains(key)) {

@@ -24,9 +24,9 @@
 --
 -- Partitions: with max_per_partition, the pick is taken only when it puts no partition over
 -- that limit, counting the partition's jobs already in flight (held): binding. Otherwise the
--- statement takes no pending job and says so (a row marked 'turns'; expired leases it still
--- takes over), and the caller runs claim_turns.sql for the rest of its batch, where the
--- partitions take turns (queue_core::partition says the rule).
+-- statement takes nothing (no takeover either) and says so (a row marked 'turns'), and the
+-- caller runs claim_turns.sql, where the partitions take turns and the takeovers are merged
+-- with their offers in claim order (queue_core::partition says the rule).
 WITH {{claim_quota}},
 plain AS MATERIALIZED (
 {{claim_due}}

@@ -3,9 +3,10 @@
 -- the pending jobs to take, claim_due.sql's pick or claim_limited.sql's; claim.sql says what
 -- they guarantee). Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its
 -- own. Rendered with two tokens: batch, how many picked jobs to take ($2, or claim_limited.sql's
--- quota: all within the rate; takeovers stop at $2), and limited_guard, what else keeps a claim
--- from a queue besides a pause (claim.sql's: limits, which only claim_limited.sql applies;
--- claim_limited.sql's: nothing).
+-- quota: all within the rate; takeovers stop at $2), and limited_guard, what else keeps the
+-- takeovers from a queue besides a pause (claim.sql's: limits, which only claim_limited.sql
+-- applies; claim_limited.sql's: partitions taking turns, when claim_turns.sql takes them over;
+-- claim_turns.sql's: nothing).
 expired AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, true AS expired, partition_key
     FROM "{{table}}"

@@ -14,10 +14,13 @@
 -- "{{table}}_partition_idx" that reads the key's earliest job; it stops once as many keys
 -- yielded as the claim may take new jobs, or after {{max_visits}} keys. A key yields when its
 -- earliest job is due and fewer than max_per_partition of its jobs are in flight (held, in
--- claim_quota.sql); it offers its earliest due jobs, up to its room. The earliest of all of these, in claim order,
--- are chosen within the quota, and only those are locked (locked: FOR UPDATE SKIP LOCKED, the
--- status read again, as claim_due.sql's pick does). The cursor then moves to the last key
--- visited, or stops before the first key that yielded and had nothing taken (next_cursor).
+-- claim_quota.sql); it offers its earliest due jobs, up to its room. The earliest of all of
+-- these, in claim order, are locked within the quota (locked: FOR UPDATE SKIP LOCKED, the status
+-- and due time read again, as claim_due.sql's pick does; a row another transaction holds is
+-- passed over and the next one taken), and merged with the takeovers of expired leases in claim
+-- order (claim_picks.sql). The cursor then moves to the last key visited, or stops before the
+-- first key that yielded and had nothing taken because earlier jobs filled the batch
+-- (next_cursor; a key whose offers were locked by others does not keep its turn).
 WITH RECURSIVE {{claim_quota}},
 walking AS MATERIALIZED (
     SELECT q.per_partition, q.cursor_key, q.new_jobs
@@ -144,18 +147,13 @@ loose AS MATERIALIZED (
     ORDER BY j.next_attempt_at, j.priority, j.id
     LIMIT (SELECT new_jobs FROM quota)
 ),
-chosen AS MATERIALIZED (
-    SELECT id, next_attempt_at, priority, reclaims
-    FROM (SELECT id, next_attempt_at, priority, reclaims FROM loose
-          UNION ALL
-          SELECT id, next_attempt_at, priority, reclaims FROM offers) AS candidates
-    ORDER BY next_attempt_at, priority, id
-    LIMIT (SELECT new_jobs FROM quota)
-),
 locked AS MATERIALIZED (
     SELECT j.id, j.next_attempt_at, j.priority, j.reclaims, j.partition_key
     FROM "{{table}}" AS j
-    WHERE j.id IN (SELECT id FROM chosen) AND j.status = 'pending'
+    WHERE j.id IN (SELECT id FROM loose UNION ALL SELECT id FROM offers)
+      AND j.status = 'pending' AND j.next_attempt_at <= now()
+    ORDER BY j.next_attempt_at, j.priority, j.id
+    LIMIT (SELECT new_jobs FROM quota)
     FOR UPDATE OF j SKIP LOCKED
 ),
 due AS MATERIALIZED (
@@ -176,6 +174,13 @@ next_cursor AS MATERIALIZED (
           FROM visited AS v
           WHERE v.room > 0
             AND NOT EXISTS (SELECT 1 FROM claimed AS c JOIN offers AS o ON o.id = c.id
-                            WHERE o.key = v.key)) AS u
+                            WHERE o.key = v.key)
+            -- It lost to earlier jobs (its earliest offer sorts after the last job claimed),
+            -- not to a lock another transaction held: a locked offer does not hold the turn.
+            AND (SELECT ROW(o.next_attempt_at, o.priority, o.id) FROM offers AS o
+                 WHERE o.key = v.key
+                 ORDER BY o.next_attempt_at, o.priority, o.id LIMIT 1)
+                > (SELECT ROW(c.next_attempt_at, c.priority, c.id) FROM claimed AS c
+                   ORDER BY c.next_attempt_at DESC, c.priority DESC, c.id DESC LIMIT 1)) AS u
 ),
 {{claim_logged}}

@@ -257,6 +257,8 @@ struct Picks<'a> {
     due_batch: &'a str,
     batch: &'a str,
     guard: &'a str,
+    /// What else keeps the takeovers of expired leases from the claim.
+    expired_guard: &'a str,
 }
 
 /// The picks of `claim.sql` and `finalize_claim.sql`: `$2` of each, and no limited queue.
@@ -264,6 +266,7 @@ const PLAIN_PICKS: Picks<'static> = Picks {
     due_batch: "$2",
     batch: "$2",
     guard: LIMITED_GUARD,
+    expired_guard: LIMITED_GUARD,
 };
 
 /// `claim_due.sql` and `claim_picks.sql` for `table`, rendered for `picks`.
@@ -279,7 +282,10 @@ fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String),
     let rest = for_table_with(
         CLAIM_PICKS,
         table,
-        &[("batch", picks.batch), ("limited_guard", picks.guard)],
+        &[
+            ("batch", picks.batch),
+            ("limited_guard", picks.expired_guard),
+        ],
     )?;
     Ok((due, rest))
 }
@@ -294,18 +300,26 @@ pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
     )
 }
 
-/// The picks of `claim_limited.sql` and `claim_turns.sql`: within the quota, on limited queues
-/// too.
+/// The picks of `claim_turns.sql`: within the quota, on limited queues too.
 const QUOTA_PICKS: Picks<'static> = Picks {
     due_batch: "(SELECT new_jobs FROM quota)",
     batch: "(SELECT all_jobs FROM quota)",
     guard: "",
+    expired_guard: "",
+};
+
+/// The picks of `claim_limited.sql`: [`QUOTA_PICKS`], but no takeover either when the
+/// partitions take turns (`claim_turns.sql` merges the takeovers with the partitions' offers
+/// in claim order, as every store does).
+const LIMITED_PICKS: Picks<'static> = Picks {
+    expired_guard: "OR (SELECT binds FROM binding)",
+    ..QUOTA_PICKS
 };
 
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &QUOTA_PICKS)?;
+    let (due, picks) = claim_parts(table, &LIMITED_PICKS)?;
     let quota = for_table(CLAIM_QUOTA, table)?;
     let logged = for_table_with(
         CLAIM_LOGGED,

@@ -1978,3 +1978,130 @@ async fn limited_worker_process() {
     let worker = Worker::new(queue, Work, config).unwrap().start();
     worker.wait_for(|_| false).await;
 }
+
+/// Enqueues a job of partition `key` named `name` (one statement each: due times in order).
+async fn partitioned(queue: &queue_postgres::PgQueue, name: &str, key: &str, unique: bool) {
+    let mut job = NewJob::from_value(json!({ "name": name })).partition_key(key);
+    if unique {
+        job = job.unique_key(format!("k{key}"));
+    }
+    queue.enqueue(job).await.unwrap();
+}
+
+async fn claimed_names(queue: &queue_postgres::PgQueue, batch: u32) -> Vec<String> {
+    let jobs = queue.claim(req(batch)).await.unwrap().jobs;
+    jobs.iter()
+        .map(|j| j.payload["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A partition's offer locked by an adopter's open transaction (a replacing enqueue) does not
+/// keep the partition's turn: the claim that met it takes nothing, the next ones take the other
+/// partitions' jobs, and the locked job is taken once the transaction commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_offer_does_not_stall_the_partitions_turns() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    partitioned(&queue, "a0", "a", false).await;
+    assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
+    partitioned(&queue, "a1", "a", false).await;
+    partitioned(&queue, "b0", "b", true).await;
+    partitioned(&queue, "c0", "c", false).await;
+    partitioned(&queue, "d0", "d", false).await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let mut tx = queue.begin().await.unwrap();
+    let replacing = NewJob::from_value(json!({ "name": "b0'" }))
+        .partition_key("b")
+        .unique_key("kb")
+        .replace_pending();
+    assert!(queue.enqueue_in(&mut tx, replacing).await.unwrap().replaced);
+    let mut rounds = Vec::new();
+    for _ in 0..4 {
+        rounds.push(claimed_names(&queue, 1).await);
+    }
+    // The claim that met the lock takes nothing (b's turn, its only offer locked); the turn
+    // does not stay with b, so the next claims take c's and d's.
+    let expected: [Vec<&str>; 4] = [vec![], vec!["c0"], vec!["d0"], vec![]];
+    assert_eq!(rounds, expected, "b's locked job is passed over");
+    tx.commit().await.unwrap();
+    assert_eq!(claimed_names(&queue, 1).await, ["b0'"]);
+    db.drop_db().await;
+}
+
+/// A pending job moved an hour ahead (a replacing enqueue) while a claim whose partitions take
+/// turns waited for the queue's row is not claimed: the lock reads the due time again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    partitioned(&queue, "a0", "a", false).await;
+    assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
+    partitioned(&queue, "a1", "a", false).await;
+    partitioned(&queue, "b0", "b", true).await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    // Another transaction holds the queue's row, as a concurrent claim of the queue does.
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let sql = queue_postgres::testing::claim_turns_sql(&TableName::default());
+    let pool = db.pool.clone();
+    let turns = tokio::spawn(async move {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind("default")
+            .bind(1_i64)
+            .bind(90.0_f64)
+            .bind(5_i32)
+            .bind("test")
+            .bind(42_i64)
+            .bind(Vec::<i64>::new())
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .len()
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim never waited"
+        );
+        tokio::task::yield_now().await;
+    }
+    let later = NewJob::from_value(json!({ "name": "b0 later" }))
+        .partition_key("b")
+        .unique_key("kb")
+        .run_at(queue_core::RunAt::After(Duration::from_secs(3600)))
+        .replace_pending();
+    assert!(queue.enqueue(later).await.unwrap().replaced);
+    holder.commit().await.unwrap();
+    assert_eq!(turns.await.unwrap(), 0, "nothing claimed");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM queue_jobs WHERE unique_key = 'kb'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "pending");
+    db.drop_db().await;
+}

@@ -261,6 +261,7 @@ struct Sql {
 /// (`[lower][upper]`: with a key strictly below it, with a key it must not pass); a partition's
 /// earliest due jobs; the due jobs without a partition among the queue's earliest; the cursor.
 struct PartitionSql {
+    earliest: String,
     held: String,
     probe: [[String; 2]; 2],
     offers: String,
@@ -282,6 +283,12 @@ impl PartitionSql {
             )
         };
         PartitionSql {
+            // The partitions of the earliest due jobs: what a claim would take without them.
+            earliest: format!(
+                "SELECT partition_key FROM {t} INDEXED BY \"{table}_due_idx\"
+                 WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
+                 ORDER BY next_attempt_at, priority, id LIMIT ?2"
+            ),
             held: format!(
                 "SELECT partition_key, count(*) AS n FROM {t} INDEXED BY \"{table}_expiry_idx\"
                  WHERE queue = ?1 AND status = 'in_flight' AND partition_key IS NOT NULL
@@ -292,7 +299,7 @@ impl PartitionSql {
                 [probe(true, false), probe(true, true)],
             ],
             offers: format!(
-                "SELECT id, next_attempt_at, priority, reclaims, partition_key,
+                "SELECT id, next_attempt_at, priority, reclaims,
                         cancel_requested_at IS NOT NULL AS cancel_requested
                  FROM {t} INDEXED BY \"{table}_partition_idx\"
                  WHERE queue = ?1 AND status = 'pending' AND partition_key = ?2
@@ -300,7 +307,7 @@ impl PartitionSql {
                  ORDER BY next_attempt_at, priority, id LIMIT ?3"
             ),
             loose: format!(
-                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested, partition_key FROM (
+                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested FROM (
                      SELECT id, next_attempt_at, priority, reclaims, partition_key,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM {t} INDEXED BY \"{table}_due_idx\"
@@ -326,7 +333,6 @@ struct Pick {
     reclaims: i64,
     expired: bool,
     cancel_requested: bool,
-    partition: Option<String>,
 }
 
 impl Pick {
@@ -340,7 +346,6 @@ impl Pick {
             reclaims: row.try_get("reclaims").map_err(db)?,
             expired,
             cancel_requested: row.try_get("cancel_requested").map_err(db)?,
-            partition: row.try_get("partition_key").map_err(db)?,
         })
     }
 
@@ -394,22 +399,22 @@ impl Sql {
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
             pick: format!(
-                "SELECT id, reclaims, expired, cancel_requested, partition_key,
+                "SELECT id, reclaims, expired, cancel_requested,
                         next_attempt_at + 0 AS pick_due, priority + 0 AS pick_priority FROM (
                      SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
+                            cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
                            WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
                            ORDER BY next_attempt_at, priority, id LIMIT ?3)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
+                            cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at IS NULL
                            LIMIT ?2)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
-                            cancel_requested_at IS NOT NULL AS cancel_requested, partition_key
+                            cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at < {now}
                            ORDER BY lease_expires_at LIMIT ?2)
@@ -1070,10 +1075,14 @@ impl SqliteQueue {
         if let Some(per) = limits.max_per_partition {
             let held = self.partitions_held(&mut tx).await?;
             let in_flight = |key: &str| held.get(key).copied().unwrap_or(0).max(0) as u64;
-            let keys = picked
-                .iter()
-                .filter(|p| !p.expired)
-                .map(|p| p.partition.as_deref());
+            let earliest: Vec<Option<String>> =
+                sqlx::query_scalar(AssertSqlSafe(sql.partitions.earliest.as_str()))
+                    .bind(self.queue_str())
+                    .bind(i64::from(room.new))
+                    .fetch_all(tx.conn())
+                    .await
+                    .map_err(|e| self.err(e))?;
+            let keys = earliest.iter().map(Option::as_deref);
             if !queue_core::partition::fits(per, keys, in_flight) {
                 picked.retain(|p| p.expired);
                 let (due, walk, offered) = self

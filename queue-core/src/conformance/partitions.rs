@@ -191,6 +191,35 @@ cases! {
         assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), [later[0]], "b kept its turn");
     }
 
+    /// While partitions take turns, the takeovers of expired leases are merged with the
+    /// partitions' offers in claim order, the same on every store.
+    pub async fn takeovers_and_turns_share_one_claim_order<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let long = crate::types::Lease::from_secs(3600).unwrap();
+        enqueue_in(b, Some("z"), 1).await;
+        let expiring = claim(b, 1).await.jobs;
+        assert_eq!(partitions_of(b, &expiring).await, [Some("z".to_owned())]);
+        enqueue_in(b, Some("x"), 3).await;
+        b.set_limits(per_partition(1)).await.unwrap();
+        let first = b.claim(crate::types::ClaimRequest::new(2, long)).await.unwrap().jobs;
+        assert_eq!(partitions_of(b, &first).await, [Some("x".to_owned())], "x at one");
+        complete(b, &first).await;
+        let w = enqueue_in(b, Some("w"), 1).await;
+        let y = enqueue_in(b, Some("y"), 1).await;
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        // The earliest two due are x's: the partitions take turns from after x: y, then w.
+        // In claim order the expired z comes first, then w (enqueued before y).
+        let jobs = b.claim(crate::types::ClaimRequest::new(2, long)).await.unwrap().jobs;
+        let taken: Vec<(JobId, bool)> = jobs.iter().map(|j| (j.id, j.taken_over)).collect();
+        assert_eq!(taken, [(expiring[0].id, true), (w[0], false)]);
+        // x's next job fits as it is (x has none in flight); then x is at its limit, and y,
+        // passed over for earlier jobs, is next.
+        let next = b.claim(crate::types::ClaimRequest::new(1, long)).await.unwrap().jobs;
+        assert_eq!(partitions_of(b, &next).await, [Some("x".to_owned())]);
+        let next = b.claim(crate::types::ClaimRequest::new(1, long)).await.unwrap().jobs;
+        assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), [y[0]]);
+    }
+
     /// Eight claimers at once, each finishing what it claimed: no partition ever has more jobs
     /// in flight than its limit, sampled from the store all along, and every job runs.
     pub async fn concurrent_claimers_never_exceed_the_partition_limit<H: Harness>(h: Arc<H>) {

@@ -76,6 +76,8 @@ pub(super) struct Dispatcher<B: Backend, H: Handler> {
     short: bool,
     /// The outcomes written when the dispatcher last looked.
     finished_seen: u64,
+    /// The outcomes written when the claim in flight was sent.
+    finished_at_claim: u64,
 }
 
 impl<B: Backend, H: Handler> Dispatcher<B, H> {
@@ -87,6 +89,7 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             outcomes,
             short: false,
             finished_seen: 0,
+            finished_at_claim: 0,
             shared,
             buffer: VecDeque::new(),
             running: JoinSet::new(),
@@ -173,6 +176,7 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
             .holder(config.name.as_str());
         let shared = self.shared.clone();
         self.poll_due = false;
+        self.finished_at_claim = self.outcomes.borrow().finished();
         self.claiming = Some(Box::pin(async move {
             let sent = Instant::now();
             (want, sent, shared.finalizer.claim(request).await)
@@ -229,6 +233,8 @@ impl<B: Backend, H: Handler> Dispatcher<B, H> {
         self.poll_due |= got == want as usize;
         self.short = got < want as usize;
         self.finished_seen = self.outcomes.borrow_and_update().finished();
+        // An outcome written while the claim ran may have freed room the claim did not see.
+        self.poll_due |= self.short && self.finished_seen > self.finished_at_claim;
     }
 
     /// Starts buffered jobs while slots are free, each only while the worker knows it still
