@@ -150,7 +150,8 @@ loose AS MATERIALIZED (
 locked AS MATERIALIZED (
     SELECT j.id, j.next_attempt_at, j.priority, j.reclaims, j.partition_key
     FROM "{{table}}" AS j
-    WHERE j.id IN (SELECT id FROM loose UNION ALL SELECT id FROM offers)
+    -- By primary key: the candidates are few, whatever the planner thinks of the backlog.
+    WHERE j.id = ANY (ARRAY(SELECT id FROM loose UNION ALL SELECT id FROM offers))
       AND j.status = 'pending' AND j.next_attempt_at <= now()
     ORDER BY j.next_attempt_at, j.priority, j.id
     LIMIT (SELECT new_jobs FROM quota)

@@ -248,6 +248,11 @@ struct Options {
     /// Limit each partition to this many jobs in flight (`QueueLimits::max_per_partition`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     limit_per_partition: Option<u32>,
+    /// Analyze the table after the throughput phase's enqueue (PostgreSQL), as autovacuum would
+    /// soon after a bulk load: this machine's server runs without autovacuum, and a claim of
+    /// partitions taking turns is planned badly on statistics of an empty table.
+    #[arg(long)]
+    analyze: bool,
 }
 
 fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
@@ -334,6 +339,7 @@ async fn throughput_run<B: queue_core::Admin>(
     o: &Options,
     queue: B,
     hooks: Hooks<B::Tx, serde_json::Value>,
+    analyze: Option<&sqlx::PgPool>,
 ) -> Drained {
     if !o.limits().is_none() {
         queue.set_limits(o.limits()).await.expect("limits");
@@ -352,6 +358,12 @@ async fn throughput_run<B: queue_core::Admin>(
         );
     }
     let enqueue_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
+    if let Some(pool) = analyze.filter(|_| o.analyze) {
+        sqlx::raw_sql("ANALYZE queue_jobs")
+            .execute(pool)
+            .await
+            .expect("analyze");
+    }
     let first = *ids.iter().min().expect("jobs");
     let last = *ids.iter().max().expect("jobs");
     let runs: Arc<Vec<AtomicU32>> = Arc::new((first..=last).map(|_| AtomicU32::new(0)).collect());
@@ -479,7 +491,7 @@ async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
 async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     if o.backend == BackendName::Sqlite {
         let file = benches::ScratchSqlite::new("throughput").await;
-        let throughput = throughput_run(o, file.queue.clone(), Hooks::new()).await;
+        let throughput = throughput_run(o, file.queue.clone(), Hooks::new(), None).await;
         drop(file);
         let file = benches::ScratchSqlite::new("latency").await;
         let latency = latency_run(o, file.queue.clone()).await;
@@ -495,11 +507,11 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     let throughput = match o.driver {
         DriverName::Sqlx => {
             let queue = benches::queue(&db.pool).await;
-            throughput_run(o, queue, pg_hooks(o)).await
+            throughput_run(o, queue, pg_hooks(o), Some(&db.pool)).await
         }
         DriverName::TokioPostgres => {
             let queue = tp_queue(&db, false).await;
-            throughput_run(o, queue, pg_hooks(o)).await
+            throughput_run(o, queue, pg_hooks(o), Some(&db.pool)).await
         }
     };
     db.drop_db().await;
