@@ -135,17 +135,22 @@ pub(crate) fn outcomes(
         .collect()
 }
 
-/// The rows of `enqueue_copy.sql` in COPY's text format: one line per job with its id, the
-/// queue, the payload, the priority, the due time (`now` plus the delay, or the instant
-/// given) and the partition key, every text escaped as COPY reads it. `None` when a delay puts a due time out of
-/// range (the statement path then reports it as the database does).
+/// The rows of `enqueue_copy.sql` in COPY's binary format: one tuple per job with its id, the
+/// queue, the payload, the priority, the due time (`now` plus the delay, or the instant given)
+/// and the partition key. Binary, so the server parses no number, time or escape; only the
+/// payload's JSON text, which `jsonb` reads in either format. `None` when a due time falls
+/// outside what PostgreSQL stores (the statement path then reports it as the database does).
+///
+/// Written here rather than through a driver's binary writer so both drivers send the same
+/// bytes (sqlx has no binary COPY encoder).
 pub(crate) fn copy_rows(
     ids: &[i64],
     now: DateTime<Utc>,
     queue: &str,
     jobs: &[NewJob],
 ) -> Option<Vec<u8>> {
-    let mut out = String::with_capacity(ids.len() * 64);
+    let mut out = Vec::with_capacity(COPY_HEADER.len() + 2 + ids.len() * 96);
+    out.extend_from_slice(COPY_HEADER);
     for (id, job) in ids.iter().zip(jobs) {
         let due = match split_run_at(job.run_at) {
             (Some(at), _) => at,
@@ -155,38 +160,61 @@ pub(crate) fn copy_rows(
             (None, Some(_)) => return None,
             (None, None) => now,
         };
-        out.push_str(&id.to_string());
-        out.push('\t');
-        escape_copy_text(&mut out, queue);
-        out.push('\t');
-        escape_copy_text(&mut out, &job.payload.to_string());
-        out.push('\t');
-        out.push_str(&job.priority.to_string());
-        out.push('\t');
-        out.push_str(&due.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string());
-        out.push('\t');
+        let due = pg_timestamp(due)?;
+        out.extend_from_slice(&COPY_FIELDS.to_be_bytes());
+        copy_field(&mut out, &id.to_be_bytes());
+        copy_field(&mut out, queue.as_bytes());
+        // jsonb's binary form: a version byte, then the JSON text, written in place.
+        let at = begin_field(&mut out);
+        out.push(JSONB_VERSION);
+        serde_json::to_writer(&mut out, &job.payload).ok()?;
+        end_field(&mut out, at)?;
+        copy_field(&mut out, &job.priority.to_be_bytes());
+        copy_field(&mut out, &due.to_be_bytes());
         match &job.partition_key {
-            Some(key) => escape_copy_text(&mut out, key),
-            // COPY's text format reads \N as NULL.
-            None => out.push_str("\\N"),
+            Some(key) => copy_field(&mut out, key.as_bytes()),
+            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
         }
-        out.push('\n');
     }
-    Some(out.into_bytes())
+    out.extend_from_slice(&(-1i16).to_be_bytes());
+    Some(out)
 }
 
-/// Appends `text` escaped for COPY's text format: a backslash, tab, newline or carriage
-/// return would otherwise end a field or a row, or start an escape.
-fn escape_copy_text(out: &mut String, text: &str) {
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c => out.push(c),
-        }
-    }
+/// COPY's binary signature, then no flags and no header extension.
+const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+/// The columns `enqueue_copy.sql` names.
+const COPY_FIELDS: i16 = 6;
+const JSONB_VERSION: u8 = 1;
+/// PostgreSQL's earliest timestamp (4714-11-24 BC) and the first it cannot store (294277 AD),
+/// in microseconds from 2000-01-01, its binary epoch.
+const PG_MIN_MICROS: i64 = -211_813_488_000_000_000;
+const PG_END_MICROS: i64 = 9_223_371_331_200_000_000;
+
+/// `at` as a binary `timestamptz`: microseconds from 2000-01-01 UTC, `None` out of range.
+fn pg_timestamp(at: DateTime<Utc>) -> Option<i64> {
+    let epoch = DateTime::from_timestamp(946_684_800, 0)?;
+    let micros = (at - epoch).num_microseconds()?;
+    (PG_MIN_MICROS..PG_END_MICROS)
+        .contains(&micros)
+        .then_some(micros)
+}
+
+fn copy_field(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Every field is far below 2 GiB: the payload, the only large one, is written in place.
+    out.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Reserves a field's length; [`end_field`] writes it once the field is written.
+fn begin_field(out: &mut Vec<u8>) -> usize {
+    out.extend_from_slice(&[0; 4]);
+    out.len()
+}
+
+fn end_field(out: &mut [u8], start: usize) -> Option<()> {
+    let len = i32::try_from(out.len() - start).ok()?;
+    out[start - 4..start].copy_from_slice(&len.to_be_bytes());
+    Some(())
 }
 
 pub(crate) fn split_run_at(run_at: RunAt) -> (Option<DateTime<Utc>>, Option<f64>) {
@@ -206,42 +234,99 @@ mod tests {
     use super::*;
     use queue_core::{ClaimGeneration, ClaimToken, JobId};
 
+    /// Reads COPY's binary format back: the tuples' fields (`None` for NULL).
+    fn read_copy(mut data: &[u8]) -> Vec<Vec<Option<Vec<u8>>>> {
+        let mut take = |n: usize| {
+            let (head, rest) = data.split_at(n);
+            data = rest;
+            head.to_vec()
+        };
+        assert_eq!(take(11), b"PGCOPY\n\xff\r\n\0", "the signature");
+        assert_eq!(take(8), [0; 8], "no flags, no header extension");
+        let mut tuples = Vec::new();
+        loop {
+            let fields = i16::from_be_bytes(take(2).try_into().unwrap());
+            if fields == -1 {
+                assert!(take(0).is_empty());
+                break;
+            }
+            let tuple = (0..fields)
+                .map(|_| {
+                    let len = i32::from_be_bytes(take(4).try_into().unwrap());
+                    (len >= 0).then(|| take(len as usize))
+                })
+                .collect();
+            tuples.push(tuple);
+        }
+        assert!(data.is_empty(), "nothing after the trailer");
+        tuples
+    }
+
     #[test]
-    fn copy_rows_escape_what_would_end_a_field_or_a_row() {
-        // A tab, a backslash, a newline and a carriage return in a payload string.
-        let job = NewJob::from_value(serde_json::json!({ "s": "a\tb\\n\nc\r" }));
+    fn copy_rows_are_binary_tuples_of_the_named_columns() {
+        // Text a row format could mistake for a separator or an escape stays as it is.
+        let job = NewJob::from_value(serde_json::json!({ "s": "a\tb\\N\nc\r" }));
         let now = DateTime::parse_from_rfc3339("2026-12-02T01:02:03.5Z")
             .unwrap()
             .with_timezone(&Utc);
-        let keyed = NewJob::from_value(serde_json::json!(1)).partition_key("p\t\\1");
+        let keyed = NewJob::from_value(serde_json::json!(1))
+            .partition_key("p\t\\1")
+            .priority(-3)
+            .run_at(RunAt::After(std::time::Duration::from_micros(1_500_001)));
         let rows = copy_rows(&[7, 8], now, r"q\1", &[job, keyed]).unwrap();
-        let text = String::from_utf8(rows).unwrap();
-        // The JSON text keeps its own escapes, each backslash doubled for COPY; the queue's and
-        // the partition key's too. No partition key is \N, COPY's NULL.
-        let expected = [
-            "7",
-            r"q\\1",
-            r#"{"s":"a\\tb\\\\n\\nc\\r"}"#,
-            "0",
-            "2026-12-02 01:02:03.500000+00",
-            r"\N",
-        ]
-        .join("\t")
-            + "\n"
-            + &[
-                "8",
-                r"q\\1",
-                "1",
-                "0",
-                "2026-12-02 01:02:03.500000+00",
-                r"p\t\\1",
+        let tuples = read_copy(&rows);
+        // 2026-12-02T01:02:03.5Z in microseconds from 2000-01-01 UTC.
+        let due = 849_488_523_500_000i64;
+        let field = |bytes: &[u8]| Some(bytes.to_vec());
+        assert_eq!(
+            tuples,
+            [
+                vec![
+                    field(&7i64.to_be_bytes()),
+                    field(b"q\\1"),
+                    field(&[b"\x01".as_slice(), br#"{"s":"a\tb\\N\nc\r"}"#].concat()),
+                    field(&0i16.to_be_bytes()),
+                    field(&due.to_be_bytes()),
+                    None,
+                ],
+                vec![
+                    field(&8i64.to_be_bytes()),
+                    field(b"q\\1"),
+                    field(b"\x011"),
+                    field(&(-3i16).to_be_bytes()),
+                    field(&(due + 1_500_001).to_be_bytes()),
+                    field(b"p\t\\1"),
+                ],
             ]
-            .join("\t")
-            + "\n";
-        assert_eq!(text, expected);
+        );
+        assert_eq!(
+            read_copy(&copy_rows(&[], now, "q", &[]).unwrap()),
+            Vec::<Vec<_>>::new()
+        );
+    }
+
+    #[test]
+    fn copy_rows_leave_a_due_time_out_of_range_to_the_statement_path() {
+        let now = Utc::now();
         let far = NewJob::from_value(serde_json::json!({}))
             .run_at(RunAt::After(std::time::Duration::from_secs(u64::MAX / 2)));
         assert!(copy_rows(&[1], now, "q", &[far]).is_none());
+        let day = |y, m, d| {
+            chrono::NaiveDate::from_ymd_opt(y, m, d)
+                .unwrap()
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc()
+        };
+        let before_postgres = day(-4713, 11, 23);
+        let ancient = NewJob::from_value(serde_json::json!({})).run_at(RunAt::At(before_postgres));
+        assert!(copy_rows(&[1], now, "q", &[ancient]).is_none());
+        let earliest = day(-4713, 11, 24);
+        let first = NewJob::from_value(serde_json::json!({})).run_at(RunAt::At(earliest));
+        assert!(
+            copy_rows(&[1], now, "q", &[first]).is_some(),
+            "PostgreSQL's first day"
+        );
     }
 
     #[test]

@@ -132,12 +132,18 @@ cases! {
     pub async fn a_bulk_enqueue_stores_every_job_exactly<H: Harness>(h: Arc<H>) {
         let b = h.backend();
         let awkward = "tab\there, back\\slash \\N, new\nline, cr\r, quote \" é 🚀 \\.";
+        // Due in the past, to the microsecond: claimed with the others, its instant kept.
+        let at = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678901Z")
+            .unwrap()
+            .with_timezone(&Utc);
         let jobs: Vec<NewJob> = (0..10_500)
             .map(|n| {
                 let job = NewJob::from_value(json!({ "n": n, "s": awkward, "null": null }));
                 match n {
                     7 => job.priority(-3),
                     9 => job.run_at(RunAt::After(Duration::from_secs(3600))),
+                    11 => job.run_at(RunAt::At(at)),
+                    12 => job.partition_key(awkward),
                     _ => job,
                 }
             })
@@ -151,7 +157,13 @@ cases! {
             assert_eq!(rec.payload, json!({ "n": n, "s": awkward, "null": null }));
             assert_eq!(rec.status, JobStatus::Pending);
             assert_eq!(rec.priority, if n == 7 { -3 } else { 0 });
+            assert_eq!(rec.partition_key, None);
         }
+        assert_eq!(record(b, ids[11].id).await.next_attempt_at, at);
+        assert_eq!(
+            record(b, ids[12].id).await.partition_key.as_deref(),
+            Some(awkward)
+        );
         let claimed = b.claim(ClaimRequest::new(11_000, lease())).await.unwrap().jobs;
         assert_eq!(claimed.len(), 10_499, "the job due in an hour waits");
         assert!(claimed.iter().all(|j| j.id != ids[9].id));
