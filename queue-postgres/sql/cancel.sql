@@ -5,17 +5,20 @@
 -- Returns at most one row (no row: no such job in this queue): whether the job was cancelled,
 -- whether its cancel was requested, and its status in the statement's snapshot. A job seen
 -- pending or in flight but neither cancelled nor requested changed meanwhile: ask again.
+--
+-- Statuses are compared with a subquery's value so the row is read by primary key, never
+-- through a status's partial index whatever the statistics say (see finalize.sql).
 WITH cancelled AS (
     UPDATE "{{table}}"
     SET status = 'cancelled', last_error = $3, updated_at = now(), finished_at = now(),
         lease_expires_at = NULL
-    WHERE id = $1 AND queue = $2 AND status = 'pending'
+    WHERE id = $1 AND queue = $2 AND status = (SELECT 'pending')
     RETURNING id
 ),
 requested AS (
     UPDATE "{{table}}"
     SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
-    WHERE id = $1 AND queue = $2 AND status = 'in_flight'
+    WHERE id = $1 AND queue = $2 AND status = (SELECT 'in_flight')
     RETURNING id
 )
 SELECT EXISTS (SELECT 1 FROM cancelled) AS cancelled,

@@ -479,11 +479,16 @@ fn nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
 }
 
 async fn explain_claim(db: &TestDb) -> Value {
+    explain_claim_of(db, 1).await
+}
+
+/// The plan of a claim of `batch` jobs.
+async fn explain_claim_of(db: &TestDb, batch: i64) -> Value {
     let claim = queue_postgres::testing::claim_sql(&TableName::default());
     let sql = format!("EXPLAIN (FORMAT JSON) {claim}");
     let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind("default")
-        .bind(1_i64)
+        .bind(batch)
         .bind(90.0_f64)
         .bind(5_i32)
         .bind("explain")
@@ -631,6 +636,120 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
         scanned.is_empty(),
         "the queues statement scans the job table: {scanned:?}"
     );
+    db.drop_db().await;
+}
+
+/// Statistics taken while nothing was in flight (autovacuum analyzing a table just loaded, or a
+/// quiet night) make the in-flight partial indexes look empty. The writes that name their rows
+/// by id still read them by primary key, however many jobs are in flight by then: neither one
+/// outcome, a batch of outcomes, a heartbeat nor a cancel reads every in-flight row (planned on
+/// the literal status, each did, through `queue_jobs_expiry_idx`), and the claim writes its
+/// picks by primary key, never by a scan of the table (joined on the picks alone, it did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_by_id_read_their_rows_by_primary_key_on_statistics_taken_with_nothing_in_flight() {
+    let db = TestDb::new().await;
+    let queue = db.queue().await;
+    sqlx::raw_sql(
+        "INSERT INTO queue_jobs (payload)
+             SELECT jsonb_build_object('n', g) FROM generate_series(1, 20000) g;
+         ANALYZE queue_jobs;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.extend(queue.claim(req(500)).await.unwrap().jobs);
+    }
+    assert_eq!(held.len(), 1500);
+
+    let only_by_primary_key = |what: &str, all: &[Value]| {
+        let read: Vec<(&str, &str)> = all
+            .iter()
+            .filter(|n| {
+                n["Relation Name"] == "queue_jobs"
+                    && n["Node Type"].as_str().is_some_and(|t| t.contains("Scan"))
+            })
+            .map(|n| {
+                (
+                    n["Node Type"].as_str().unwrap_or(""),
+                    n["Index Name"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert!(
+            !read.is_empty()
+                && read
+                    .iter()
+                    .all(|(node, index)| *node != "Seq Scan" && *index == "queue_jobs_pkey"),
+            "{what} reads queue_jobs otherwise than by primary key: {read:?}"
+        );
+    };
+    let [finalize, heartbeat, cancel] =
+        queue_postgres::testing::lease_holder_writes_sql(&TableName::default());
+    for n in [1, 250] {
+        let outcomes = &held[..n];
+        let ids: Vec<i64> = outcomes.iter().map(|j| j.id.0).collect();
+        let generations: Vec<i64> = outcomes.iter().map(|j| j.generation.0).collect();
+        let tokens: Vec<i64> = outcomes.iter().map(|j| j.token.0).collect();
+        let all = plan_nodes(&db, finalize.clone(), |q| {
+            q.bind(ids.clone())
+                .bind(generations.clone())
+                .bind(vec!["completed"; n])
+                .bind(vec![false; n])
+                .bind(vec![None::<chrono::DateTime<chrono::Utc>>; n])
+                .bind(vec![None::<f64>; n])
+                .bind(vec![None::<String>; n])
+                .bind(vec![true; n])
+                .bind(vec!["complete"; n])
+                .bind(tokens.clone())
+        })
+        .await;
+        only_by_primary_key(&format!("a finalize of {n}"), &all);
+    }
+    let job = &held[700];
+    let all = plan_nodes(&db, heartbeat, |q| {
+        q.bind(job.id.0)
+            .bind(job.generation.0)
+            .bind(90.0_f64)
+            .bind(job.token.0)
+    })
+    .await;
+    only_by_primary_key("the heartbeat", &all);
+    let all = plan_nodes(&db, cancel, |q| {
+        q.bind(job.id.0).bind("default").bind("operator")
+    })
+    .await;
+    only_by_primary_key("the cancel", &all);
+
+    let claim = explain_claim_of(&db, 500).await;
+    let mut all = Vec::new();
+    nodes(&claim, &mut all);
+    let claimed = all
+        .iter()
+        .find(|n| n["Subplan Name"] == "CTE claimed")
+        .unwrap_or_else(|| panic!("no CTE claimed in {claim:#}"));
+    let mut under = Vec::new();
+    nodes(claimed, &mut under);
+    let written: Vec<Value> = under
+        .into_iter()
+        .filter(|n| n["Alias"] == "j")
+        .cloned()
+        .collect();
+    only_by_primary_key("the claim's write", &written);
+    assert_picks_are_index_backed(&claim);
+
+    // And the writes do what they did: a batch of outcomes applies, every one.
+    let applied = queue
+        .finalize_many(
+            &held[..250]
+                .iter()
+                .map(|j| (j.claim(), Finalize::Complete))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    assert!(applied.iter().all(|o| *o == FinalizeOutcome::Applied));
     db.drop_db().await;
 }
 

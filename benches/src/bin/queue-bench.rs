@@ -25,6 +25,11 @@
 //!
 //! `--backlog N` loads N completed rows before the latency phase (PostgreSQL).
 //!
+//! The sqlx driver runs on a pool of 12 that does not ping a connection before handing it out,
+//! as the tokio-postgres driver's deadpool pool does not by default; `--sqlx-ping-on-acquire`
+//! restores sqlx's default (a round trip before each statement) and adds
+//! `sqlx_ping_on_acquire=true` to the last line.
+//!
 //! `--delay-ms D` makes the jobs I/O-bound, as a partner call is: each handler awaits `D` ms,
 //! except the first `--long-jobs`, which await `--long-ms` under a lease of `--lease-ms` and so
 //! live on heartbeats. The last line then adds `delay_ms=D target_jps=T` (0.9 × concurrency /
@@ -253,6 +258,12 @@ struct Options {
     /// partitions taking turns is planned badly on statistics of an empty table.
     #[arg(long)]
     analyze: bool,
+    /// The sqlx driver's pool pings each connection it hands out (sqlx's default,
+    /// `PoolOptions::test_before_acquire`): a round trip before every statement. Off by
+    /// default here, as deadpool-postgres's default recycling checks only that the
+    /// connection is open.
+    #[arg(long)]
+    sqlx_ping_on_acquire: bool,
 }
 
 fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
@@ -487,6 +498,17 @@ async fn tp_queue(db: &ScratchDb, listen: bool) -> TokioPostgresQueue {
     .expect("schema")
 }
 
+/// The sqlx driver's pool on `db`: as large as the tokio-postgres one, pinging each
+/// connection it hands out only when the options ask.
+async fn sqlx_pool(o: &Options, db: &ScratchDb) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .test_before_acquire(o.sqlx_ping_on_acquire)
+        .connect_with((*db.pool.connect_options()).clone())
+        .await
+        .expect("the sqlx pool")
+}
+
 /// One run: throughput on a fresh database, then latency on another.
 async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     if o.backend == BackendName::Sqlite {
@@ -506,7 +528,7 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     }
     let throughput = match o.driver {
         DriverName::Sqlx => {
-            let queue = benches::queue(&db.pool).await;
+            let queue = benches::queue(&sqlx_pool(o, &db).await).await;
             throughput_run(o, queue, pg_hooks(o), Some(&db.pool)).await
         }
         DriverName::TokioPostgres => {
@@ -523,7 +545,7 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     }
     let latency = match o.driver {
         DriverName::Sqlx => {
-            let queue = PgQueue::connect(db.pool.clone(), PgQueueConfig::default())
+            let queue = PgQueue::connect(sqlx_pool(o, &db).await, PgQueueConfig::default())
                 .await
                 .expect("schema");
             latency_run(o, queue).await
@@ -579,6 +601,9 @@ async fn main() {
             " hooks=true batched={}",
             !o.one_transaction_per_job
         ));
+    }
+    if o.sqlx_ping_on_acquire && o.driver == DriverName::Sqlx {
+        io.push_str(" sqlx_ping_on_acquire=true");
     }
     if !o.limits().is_none() {
         io.push_str(&format!(" limits=\"{}\"", o.limits()));
