@@ -7,7 +7,7 @@
 -- pending or in flight but neither cancelled nor requested changed meanwhile: ask again.
 --
 -- Statuses are compared with a subquery's value so the row is read by primary key, never
--- through a status's partial index whatever the statistics say (see finalize.sql).
+-- through a status's partial index whatever the statistics say (see extend_lease.sql).
 WITH cancelled AS (
     UPDATE "{{table}}"
     SET status = 'cancelled', last_error = $3, updated_at = now(), finished_at = now(),

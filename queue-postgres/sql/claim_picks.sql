@@ -40,10 +40,7 @@ claimed AS (
         claim_token = $6,
         updated_at = now()
     FROM picked AS p
-    -- The picked ids as an array too: the rows are then read through the primary key whatever
-    -- the table's statistics say (joined on p.id alone, a table analyzed at a few thousand rows
-    -- is read whole, by a hash join over a sequential scan).
-    WHERE j.id = p.id AND j.id = ANY (ARRAY(SELECT id FROM picked))
+    WHERE j.id = p.id
     RETURNING j.id, j.claim_generation, j.claim_token, j.attempts, j.reclaims, j.claimed_at, j.priority,
               j.payload, j.next_attempt_at, p.expired AS taken_over,
               (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,

@@ -4,9 +4,9 @@
 -- Parameters: $1 id; $2 generation; $3 lease in seconds; $4 token. A row back: still held, and whether an
 -- operator asked to cancel the job; no row: the lease was lost.
 --
--- The status is compared with (SELECT 'in_flight') so the row is read by primary key: on
--- statistics taken while few jobs were in flight the planner would otherwise read every in-flight
--- row through an in-flight partial index (see finalize.sql).
+-- The status is compared with (SELECT 'in_flight'), a value the planner cannot match with the
+-- in-flight partial indexes, so the row is read by primary key: on statistics taken while few
+-- jobs were in flight it otherwise read every in-flight row through queue_jobs_expiry_idx.
 UPDATE "{{table}}"
 SET claimed_at = now(), lease_expires_at = now() + make_interval(secs => $3),
     lease_generation = claim_generation, updated_at = now()

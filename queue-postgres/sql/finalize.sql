@@ -17,11 +17,6 @@
 -- claim_token); the rows returned are the writes that applied, the rest were refused by the
 -- fence (Stale). The token ($10, last so the others keep their numbers) refuses a holder whose
 -- generation a new primary handed out again after losing its claim.
---
--- The rows are read by primary key only: the ids bound as an array too, and the status compared
--- with (SELECT 'in_flight'), which the planner cannot match with the in-flight partial indexes.
--- On statistics taken while few jobs were in flight it would otherwise read every in-flight row
--- through queue_jobs_expiry_idx for each write, however few the outcomes.
 UPDATE "{{table}}" AS j
 SET status = u.status,
     attempts = j.attempts - CASE WHEN u.give_back THEN 1 ELSE 0 END,
@@ -44,7 +39,6 @@ FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bool[], $5::timestamptz[
             $6::float8[], $7::text[], $8::bool[], $9::text[], $10::bigint[])
      AS u(id, claim_generation, status, give_back, run_at, delay_secs, error, terminal, kind,
           claim_token)
-WHERE j.id = u.id AND j.id = ANY ($1::bigint[]) AND j.status = (SELECT 'in_flight')
-  AND j.claim_generation = u.claim_generation
+WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation
   AND j.claim_token = u.claim_token
 RETURNING j.id, u.claim_generation, u.claim_token

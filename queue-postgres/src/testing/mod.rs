@@ -216,10 +216,9 @@ pub fn finalize_claim_sql(table: &TableName) -> String {
     crate::sql::finalize_claim(table).expect("the fused claim renders for any table")
 }
 
-/// The lease-holder writes by id rendered for `table`, for tests that read their plans: the
-/// finalize (`$1` to `$10` as [`finalize_claim_sql`]'s), the heartbeat (`$1` id, `$2`
-/// generation, `$3` lease in seconds, `$4` token) and the cancel (`$1` id, `$2` queue, `$3`
-/// reason).
+/// The writes by id rendered for `table`, for tests that read their plans: the finalize (`$1`
+/// to `$10` as [`finalize_claim_sql`]'s), the heartbeat (`$1` id, `$2` generation, `$3` lease in
+/// seconds, `$4` token) and the cancel (`$1` id, `$2` queue, `$3` reason).
 pub fn lease_holder_writes_sql(table: &TableName) -> [String; 3] {
     let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
     [&sql.finalize, &sql.extend_lease, &sql.cancel].map(|s| s.to_string())
