@@ -573,7 +573,7 @@ mod tests {
             "WHERE j.id = u.id AND j.status = 'in_flight' AND j.claim_generation = u.claim_generation AND j.claim_token = u.claim_token"
         ));
         assert!(squash(&queue_jobs(EXTEND_LEASE)).contains(
-            "WHERE id = $1 AND status = 'in_flight' AND claim_generation = $2 AND claim_token = $4"
+            "WHERE id = $1 AND status = (SELECT 'in_flight') AND claim_generation = $2 AND claim_token = $4"
         ));
         assert!(
             squash(&queue_jobs(EXTEND_LEASE))
