@@ -27,11 +27,15 @@ picked AS (
     ORDER BY next_attempt_at, priority, id
     LIMIT {{batch}}
 ),
-claimed AS (
+-- The write names its rows by id alone, not by a join with the picks: the primary key is then
+-- its only path, whatever the statistics say (a join let the planner scan the whole table when
+-- the table looked small). A pick is a takeover exactly when its row is in flight, which the
+-- pick's row lock keeps true until this write; the flags are joined back from the picks.
+written AS (
     UPDATE "{{table}}" AS j
     SET status = 'in_flight',
         attempts = j.attempts + 1,
-        reclaims = j.reclaims + CASE WHEN p.expired THEN 1 ELSE 0 END,
+        reclaims = j.reclaims + CASE WHEN j.status = 'in_flight' THEN 1 ELSE 0 END,
         claimed_at = now(),
         claimed_by = $5,
         lease_expires_at = now() + make_interval(secs => $3),
@@ -39,10 +43,13 @@ claimed AS (
         claim_generation = j.claim_generation + 1,
         claim_token = $6,
         updated_at = now()
-    FROM picked AS p
-    WHERE j.id = p.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.claim_generation, j.claim_token, j.attempts, j.reclaims, j.claimed_at, j.priority,
-              j.payload, j.next_attempt_at, p.expired AS taken_over,
-              (p.expired AND p.reclaims >= $4) AS over_reclaim_cap,
-              j.cancel_requested_at IS NOT NULL AS cancel_requested
+              j.payload, j.next_attempt_at, j.cancel_requested_at IS NOT NULL AS cancel_requested
+),
+claimed AS (
+    SELECT w.id, w.claim_generation, w.claim_token, w.attempts, w.reclaims, w.claimed_at,
+           w.priority, w.payload, w.next_attempt_at, p.expired AS taken_over,
+           (p.expired AND p.reclaims >= $4) AS over_reclaim_cap, w.cancel_requested
+    FROM written AS w JOIN picked AS p ON p.id = w.id
 )

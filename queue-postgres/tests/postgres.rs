@@ -644,7 +644,7 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
 /// name their row by id, still read it by primary key however many jobs are in flight by then
 /// (planned on the literal status, each read every in-flight row through
 /// `queue_jobs_expiry_idx`; at a thousand jobs in flight on heartbeats that starved the
-/// database), and they still apply.
+/// database), and they still apply. So does the claim's write of its picks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_taken_with_nothing_in_flight()
  {
@@ -702,6 +702,21 @@ async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_take
     })
     .await;
     only_by_primary_key("the cancel", &all);
+
+    // The claim's write names its rows by id too: read by primary key, never by a scan of the
+    // table (joined with its picks, it was planned as a hash join over a sequential scan here).
+    let claim = explain_claim_of(&db, 500).await;
+    let mut all = Vec::new();
+    nodes(&claim, &mut all);
+    let written = all
+        .iter()
+        .find(|n| n["Subplan Name"] == "CTE written")
+        .unwrap_or_else(|| panic!("no CTE written in {claim:#}"));
+    let mut under = Vec::new();
+    nodes(written, &mut under);
+    let under: Vec<Value> = under.into_iter().cloned().collect();
+    only_by_primary_key("the claim's write", &under);
+    assert_picks_are_index_backed(&claim);
 
     // And they do what they did: the heartbeat holds the job, the cancel is requested, and
     // the next heartbeat says so.
