@@ -87,24 +87,7 @@ async fn a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now<D: TestDri
         })
     };
     // The second retry waits for the first one's row lock.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second retry never waited"
-        );
-        tokio::task::yield_now().await;
-    }
+    wait_for_a_lock_wait(&db, "the second retry never waited").await;
     first.commit().await.unwrap();
     assert_eq!(
         second.await.unwrap(),
@@ -246,6 +229,25 @@ async fn finalize_with_domain_write<D: TestDriver>(
         .unwrap();
     tx.commit().await.unwrap();
     outcomes
+}
+
+/// Returns once a connection to `db` waits on a lock; fails after 10 s, saying `what`.
+async fn wait_for_a_lock_wait(db: &TestDb, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
 }
 
 fn req(batch: u32) -> ClaimRequest {
@@ -2175,24 +2177,7 @@ async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
             .unwrap()
             .len()
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the claim never waited"
-        );
-        tokio::task::yield_now().await;
-    }
+    wait_for_a_lock_wait(&db, "the claim never waited").await;
     let later = NewJob::from_value(json!({ "name": "b0 later" }))
         .partition_key("b")
         .unique_key("kb")
