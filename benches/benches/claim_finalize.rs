@@ -12,6 +12,9 @@
 //! * `enqueue/one` vs `enqueue/many/{1000,10000,100000}` (no unique keys; also through the
 //!   tokio-postgres driver, `many_tokio_postgres`) and
 //!   `enqueue/keyed/{1000,10000}` (a new unique key per job).
+//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8}`: one claim of 500 out of a
+//!   100k backlog in 1 000 partitions with 500 jobs held in flight, without limits and under
+//!   each limit that never binds (the cost of counting, the claim's statement alone).
 //! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
 //! * `drivers/{claim_100,finalize_100}/{sqlx,tokio-postgres}`: the two PostgreSQL drivers side by
 //!   side on one database.
@@ -104,6 +107,82 @@ async fn claim_and_put_back<B: Backend>(
         }
     }
     spent
+}
+
+/// The claim's cost under limits that never bind: 100k due rows in 1 000 partitions, 500 jobs
+/// in flight (held by a claim that never finalizes, so the limits have rows to count); then
+/// claims of 500, put back after each, under each limit in turn, each mode on a table vacuumed
+/// and analyzed with those 500 in flight.
+fn claim_limits(c: &mut Criterion) {
+    let rt = runtime();
+    let db = rt.block_on(benches::scratch_db());
+    // The statement's cost, not the disk's: a commit does not wait for its WAL flush here (the
+    // flush is the same under every limit and is most of this machine's noise).
+    let options = (*db.pool.connect_options())
+        .clone()
+        .options([("synchronous_commit", "off")]);
+    let pool = rt
+        .block_on(sqlx::postgres::PgPoolOptions::new().connect_with(options))
+        .expect("a pool without synchronous commit");
+    rt.block_on(async {
+        sqlx::query(
+            "INSERT INTO queue_jobs (payload, partition_key, next_attempt_at)
+             SELECT jsonb_build_object('n', g), 'p' || (g % 1000), now() - make_interval(secs => g)
+             FROM generate_series(1, 100000) g",
+        )
+        .execute(&pool)
+        .await
+        .expect("load partitioned rows");
+        let holder = benches::queue(&pool).await;
+        let held = holder.claim(req(500)).await.expect("hold 500").jobs;
+        assert_eq!(held.len(), 500);
+    });
+    let mut group = c.benchmark_group("claim_limits");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(6))
+        .throughput(Throughput::Elements(500));
+    let modes = [
+        ("none", queue_core::QueueLimits::default()),
+        (
+            "max_in_flight_100000",
+            queue_core::QueueLimits {
+                max_in_flight: Some(100_000),
+                ..Default::default()
+            },
+        ),
+        (
+            "max_per_partition_8",
+            queue_core::QueueLimits {
+                max_per_partition: Some(8),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (label, limits) in modes {
+        // A handle of its own per mode, so that no cached view of the limits carries over; and
+        // the versions the last mode's claims left behind vacuumed, so that none pays for them.
+        let queue = rt.block_on(async {
+            sqlx::raw_sql("VACUUM ANALYZE queue_jobs")
+                .execute(&pool)
+                .await
+                .expect("vacuum");
+            let queue = benches::queue(&pool).await;
+            queue_core::Admin::set_limits(&queue, limits)
+                .await
+                .expect("limits");
+            queue
+        });
+        group.bench_function(label, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let queue = queue.clone();
+                async move { claim_and_put_back(&queue, 500, iters, Timed::Claim).await }
+            })
+        });
+    }
+    group.finish();
+    rt.block_on(pool.close());
+    rt.block_on(db.drop_db());
 }
 
 fn claim_against_backlog(c: &mut Criterion) {
@@ -420,6 +499,7 @@ criterion_group!(
     benches,
     stats,
     claim_batches,
+    claim_limits,
     claim_against_backlog,
     finalize,
     enqueue,

@@ -23,7 +23,7 @@
 -- of the framework does.
 --
 -- Partitions: with max_per_partition, the pick is taken only when it puts no partition over
--- that limit, counting the partition's jobs already in flight (held): binding. Otherwise the
+-- that limit, counting the partition's jobs already in flight: binding. Otherwise the
 -- statement takes nothing (no takeover either) and says so (a row marked 'turns'), and the
 -- caller runs claim_turns.sql, where the partitions take turns and the takeovers are merged
 -- with their offers in claim order (queue_core::partition says the rule).
@@ -32,14 +32,21 @@ plain AS MATERIALIZED (
 {{claim_due}}
 ),
 binding AS MATERIALIZED (
+    -- One hash aggregate over the picks and the queue's in-flight rows by key: a key binds when
+    -- it has a pick and more rows than the limit. The quota's held object (claim_turns.sql's)
+    -- costs more to build; this form does not read it, so PostgreSQL never runs it.
     SELECT EXISTS (
         SELECT 1
-        FROM (SELECT p.partition_key AS key, count(*) AS n
+        FROM (SELECT p.partition_key AS key, true AS pick
               FROM plain AS p
               WHERE p.partition_key IS NOT NULL AND (SELECT per_partition FROM quota) IS NOT NULL
-              GROUP BY p.partition_key) AS picked
-        WHERE picked.n + COALESCE(((SELECT counts FROM held) ->> picked.key)::bigint, 0)
-              > (SELECT per_partition FROM quota)) AS binds
+              UNION ALL
+              SELECT j.partition_key, false
+              FROM "{{table}}" AS j
+              WHERE j.queue = $1 AND j.status = 'in_flight' AND j.partition_key IS NOT NULL
+                AND (SELECT per_partition FROM quota) IS NOT NULL) AS u
+        GROUP BY u.key
+        HAVING bool_or(u.pick) AND count(*) > (SELECT per_partition FROM quota)) AS binds
 ),
 due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, expired, partition_key

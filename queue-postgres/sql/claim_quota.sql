@@ -6,7 +6,8 @@
 -- after it), how many new jobs and how many jobs in all the claim may take (0 when stale),
 -- the queue's max_per_partition and its partition cursor; held, with max_per_partition, the
 -- queue's jobs in flight per partition key (every in-flight row counts, as for max_in_flight),
--- one read of the in-flight rows made a jsonb object, read by key in O(log n).
+-- one read of the in-flight rows made a jsonb object, read by key in O(log n) (claim_turns.sql
+-- reads it; claim_limited.sql counts its picks another way, and an unread CTE never runs).
 control AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.max_per_partition, c.partition_cursor
@@ -20,9 +21,11 @@ seen AS MATERIALIZED (
 quota AS MATERIALIZED (
     SELECT c.claims IS DISTINCT FROM (SELECT claims FROM seen) AS stale,
            CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
-           ELSE LEAST(GREATEST(0, COALESCE(c.max_in_flight - (
+           -- Without max_in_flight, no count: NULL minus a subquery still runs the subquery.
+           WHEN c.max_in_flight IS NULL THEN r.room
+           ELSE LEAST(GREATEST(0, c.max_in_flight - (
                     SELECT count(*) FROM "{{table}}" AS j
-                    WHERE j.queue = $1 AND j.status = 'in_flight'), $2::bigint)),
+                    WHERE j.queue = $1 AND j.status = 'in_flight')),
                     r.room)
            END AS new_jobs,
            CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
