@@ -37,7 +37,10 @@
 //! its resident memory before it, per slot of concurrency; the largest over the runs, as later
 //! runs reuse the heap the first one grew) and `lost_leases=L` (handlers told
 //! their lease was lost or untrusted, plus jobs the database shows taken over: 0 when no
-//! heartbeat starved).
+//! heartbeat starved) and `lease_ms=L`. The lease moves the figure: every job that waited in the
+//! prefetch buffer over a hundredth of it renews it before starting, one statement each, so the
+//! default 1.2 s lease measures those renewals and `--lease-ms 90000` (the framework's default)
+//! does not (docs/performance.md, "I/O-bound: the renewal before start is the cost").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -588,10 +591,12 @@ async fn main() {
     }
     let mut io = if o.delay_ms > 0 {
         format!(
-            " delay_ms={} target_jps={:.0} rss_kib_per_in_flight={:.1} lost_leases={lost}",
+            " delay_ms={} target_jps={:.0} rss_kib_per_in_flight={:.1} lost_leases={lost} \
+             lease_ms={}",
             o.delay_ms,
             0.9 * o.workers as f64 * 1000.0 / o.delay_ms as f64,
-            rss.iter().copied().fold(0.0, f64::max)
+            rss.iter().copied().fold(0.0, f64::max),
+            o.lease_ms
         )
     } else {
         String::new()
