@@ -191,6 +191,20 @@ impl AutoFailoverCluster {
             .map_err(|_| ClusterError::NoPrimary)
     }
 
+    /// The primary's port, waiting up to `within` for the monitor to name one: between two
+    /// faults the formation may still be settling (a node applying settings after a rejoin),
+    /// and a fault aimed at the primary must not fail for asking at that instant.
+    fn settled_primary_port(&self, within: Duration) -> Result<u16, ClusterError> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.primary_port() {
+                Ok(port) => return Ok(port),
+                Err(err) if Instant::now() > deadline => return Err(err),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
     /// A planned switchover (`pg_autoctl perform failover`): returns once the standby is the
     /// primary and the old primary follows it.
     pub fn perform_failover(&self) -> Result<(), ClusterError> {
@@ -205,7 +219,7 @@ impl AutoFailoverCluster {
     /// once the standby took over (the monitor promoted it); the lost node stays down until
     /// [`AutoFailoverCluster::rejoin`].
     pub fn lose_primary(&self) -> Result<String, ClusterError> {
-        let port = self.primary_port()?;
+        let port = self.settled_primary_port(Duration::from_secs(90))?;
         let index = self
             .ports
             .iter()
@@ -236,14 +250,25 @@ impl AutoFailoverCluster {
     /// takes writes again (the same node, restarted, or the other one); the formation may still
     /// be settling ([`AutoFailoverCluster::wait_healthy`]).
     pub fn kill_primary_postmaster(&self) -> Result<(), ClusterError> {
-        let port = self.primary_port()?;
-        let index = self
-            .ports
-            .iter()
-            .position(|p| *p == port)
-            .ok_or(ClusterError::NoPrimary)?;
-        let pgdata = self.root.join(format!("node{}", index + 1));
-        let killed = kill_postmaster(&pgdata).ok_or(ClusterError::NoPrimary)?;
+        let found_by = Instant::now() + Duration::from_secs(90);
+        // The monitor's primary, and its postmaster's pid file, may be between states for a
+        // moment (a restart the keeper just made): ask again until the deadline.
+        let (port, index, pgdata, killed) = loop {
+            let port = self.settled_primary_port(Duration::from_secs(90))?;
+            let index = self
+                .ports
+                .iter()
+                .position(|p| *p == port)
+                .ok_or(ClusterError::NoPrimary)?;
+            let pgdata = self.root.join(format!("node{}", index + 1));
+            if let Some(killed) = kill_postmaster(&pgdata) {
+                break (port, index, pgdata, killed);
+            }
+            if Instant::now() > found_by {
+                return Err(ClusterError::NoPrimary);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let restarted = postmaster_pid(&pgdata).is_some_and(|pid| pid != killed);
