@@ -120,6 +120,10 @@ cases! {
         b.set_limits(max_in_flight(5)).await.unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let finished = Arc::new(AtomicU64::new(0));
+        // How many samples the sampler has finished: the first claimer holds its first jobs
+        // until a whole sample ran while it held them, so the sampler surely saw some in
+        // flight (on a fast store it could otherwise sample only between claims).
+        let (samples_tx, samples) = tokio::sync::watch::channel(0u64);
         let sampler = {
             let (b, done) = (b.clone(), done.clone());
             tokio::spawn(async move {
@@ -128,22 +132,33 @@ cases! {
                     let in_flight = b.counts().await.unwrap().in_flight;
                     assert!(in_flight <= 5, "{in_flight} in flight, over the limit of 5");
                     most = most.max(in_flight);
+                    samples_tx.send_modify(|n| *n += 1);
                     tokio::task::yield_now().await;
                 }
                 most
             })
         };
         let mut claimers = tokio::task::JoinSet::new();
-        for _ in 0..8 {
+        for claimer in 0..8 {
             let (b, finished) = (b.clone(), finished.clone());
+            let mut samples = samples.clone();
             claimers.spawn(async move {
                 let mut idle = 0;
+                let mut seen_held = claimer != 0;
                 while finished.load(Ordering::SeqCst) < 120 && idle < 10_000 {
                     let jobs = claim(&b, 3).await.jobs;
                     if jobs.is_empty() {
                         idle += 1;
                         tokio::task::yield_now().await;
                         continue;
+                    }
+                    if !seen_held {
+                        // A sample that began after this claim has ended: two more finished.
+                        let after = *samples.borrow_and_update() + 2;
+                        // An error: the sampler ended (its assertion failed), which the
+                        // case reports below; go on rather than mask it.
+                        let _ = samples.wait_for(|n| *n >= after).await;
+                        seen_held = true;
                     }
                     tokio::task::yield_now().await;
                     for job in jobs {
