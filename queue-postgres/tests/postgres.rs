@@ -174,22 +174,12 @@ async fn drain_waits_for_a_claim_that_started_before_the_pause<D: TestDriver>() 
     // Wait until the claim sleeps in its trigger, after its update: a statement shows as active
     // from its parse on, before it takes its snapshot, and a claim whose snapshot sees the pause
     // rightly takes nothing.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'active'
-               AND query LIKE '-- The claim%' AND wait_event = 'PgSleep'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if running > 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the claim never ran");
-        tokio::task::yield_now().await;
-    }
+    wait_for_activity(
+        &db,
+        "state = 'active' AND query LIKE '-- The claim%' AND wait_event = 'PgSleep'",
+        "the claim never ran",
+    )
+    .await;
     let report = queue_core::drain(&queue, Duration::ZERO, Duration::from_millis(10))
         .await
         .unwrap();
@@ -233,16 +223,22 @@ async fn finalize_with_domain_write<D: TestDriver>(
 
 /// Returns once a connection to `db` waits on a lock; fails after 10 s, saying `what`.
 async fn wait_for_a_lock_wait(db: &TestDb, what: &str) {
+    wait_for_activity(db, "wait_event_type = 'Lock'", what).await;
+}
+
+/// Returns once a connection to `db` shows in `pg_stat_activity` as `condition` (a fixed SQL
+/// condition on its columns) says; fails after 10 s, saying `what`.
+async fn wait_for_activity(db: &TestDb, condition: &'static str, what: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
+        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if seen > 0 {
             return;
         }
         assert!(std::time::Instant::now() < deadline, "{what}");

@@ -205,6 +205,18 @@ impl AutoFailoverCluster {
         }
     }
 
+    /// The primary's port and its node's index in `ports`, waiting as
+    /// `settled_primary_port` does.
+    fn settled_primary(&self, within: Duration) -> Result<(u16, usize), ClusterError> {
+        let port = self.settled_primary_port(within)?;
+        let index = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .ok_or(ClusterError::NoPrimary)?;
+        Ok((port, index))
+    }
+
     /// A planned switchover (`pg_autoctl perform failover`): returns once the standby is the
     /// primary and the old primary follows it.
     pub fn perform_failover(&self) -> Result<(), ClusterError> {
@@ -219,12 +231,7 @@ impl AutoFailoverCluster {
     /// once the standby took over (the monitor promoted it); the lost node stays down until
     /// [`AutoFailoverCluster::rejoin`].
     pub fn lose_primary(&self) -> Result<String, ClusterError> {
-        let port = self.settled_primary_port(Duration::from_secs(90))?;
-        let index = self
-            .ports
-            .iter()
-            .position(|p| *p == port)
-            .ok_or(ClusterError::NoPrimary)?;
+        let (_, index) = self.settled_primary(Duration::from_secs(90))?;
         let name = format!("node{}", index + 1);
         {
             let mut keepers = self.keepers.lock().unwrap_or_else(|e| e.into_inner());
@@ -254,12 +261,7 @@ impl AutoFailoverCluster {
         // The monitor's primary, and its postmaster's pid file, may be between states for a
         // moment (a restart the keeper just made): ask again until the deadline.
         let (port, index, pgdata, killed) = loop {
-            let port = self.settled_primary_port(Duration::from_secs(90))?;
-            let index = self
-                .ports
-                .iter()
-                .position(|p| *p == port)
-                .ok_or(ClusterError::NoPrimary)?;
+            let (port, index) = self.settled_primary(Duration::from_secs(90))?;
             let pgdata = self.root.join(format!("node{}", index + 1));
             if let Some(killed) = kill_postmaster(&pgdata) {
                 break (port, index, pgdata, killed);
