@@ -166,6 +166,16 @@ pub struct QueueControl {
 /// // Many partners in one queue: one request at a time to each, partners taking turns.
 /// let one_each = QueueLimits { max_per_partition: Some(1), ..QueueLimits::NONE };
 /// assert_eq!(one_each.to_string(), "at most 1 in flight per partition");
+///
+/// // And at most 10 requests a second to each of them.
+/// let paced = QueueLimits {
+///     rate_per_partition: Some(RateLimit::new(10, Duration::from_secs(1))?),
+///     ..one_each
+/// };
+/// assert_eq!(
+///     paced.to_string(),
+///     "at most 1 in flight per partition, 10 starts per 1s per partition"
+/// );
 /// # Ok::<(), queue_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -184,6 +194,12 @@ pub struct QueueLimits {
     ///
     /// [`NewJob::partition_key`]: crate::NewJob#structfield.partition_key
     pub max_per_partition: Option<u32>,
+    /// At most so many claims of one partition's jobs within any window of the given length,
+    /// takeovers of expired leases included (each is a start of the job again). Partitions take
+    /// turns as under `max_per_partition`: a partition that used its starts is passed over
+    /// until its window slides, and the others go on. Jobs without a partition key are not
+    /// limited by it.
+    pub rate_per_partition: Option<RateLimit>,
 }
 
 impl QueueLimits {
@@ -192,24 +208,74 @@ impl QueueLimits {
         max_in_flight: None,
         rate: None,
         max_per_partition: None,
+        rate_per_partition: None,
     };
 
     /// Whether no limit is set.
     pub fn is_none(&self) -> bool {
-        self.max_in_flight.is_none() && self.rate.is_none() && self.max_per_partition.is_none()
+        self.max_in_flight.is_none()
+            && self.rate.is_none()
+            && !self.partitioned()
+    }
+
+    /// Whether a limit per partition is set (`max_per_partition` or `rate_per_partition`): the
+    /// claim then counts each partition's jobs and the partitions take turns
+    /// ([`crate::partition`]).
+    pub fn partitioned(&self) -> bool {
+        self.max_per_partition.is_some() || self.rate_per_partition.is_some()
+    }
+
+    /// How many more jobs of one partition a claim may start, when `in_flight` of its jobs are
+    /// in flight and `started` were claimed within `rate_per_partition`'s window: the smaller
+    /// of what each limit per partition leaves (`u64::MAX` without one). The one rule every
+    /// backend applies.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use queue_core::{QueueLimits, RateLimit};
+    ///
+    /// let limits = QueueLimits {
+    ///     max_per_partition: Some(4),
+    ///     rate_per_partition: Some(RateLimit::new(10, Duration::from_secs(60))?),
+    ///     ..QueueLimits::NONE
+    /// };
+    /// assert_eq!(limits.partition_room(1, 0), 3, "three more in flight");
+    /// assert_eq!(limits.partition_room(1, 8), 2, "two more starts this minute");
+    /// assert_eq!(limits.partition_room(4, 0), 0);
+    /// # Ok::<(), queue_core::ConfigError>(())
+    /// ```
+    pub fn partition_room(&self, in_flight: u64, started: u64) -> u64 {
+        let mut room = u64::MAX;
+        if let Some(max) = self.max_per_partition {
+            room = room.min(u64::from(max).saturating_sub(in_flight));
+        }
+        if let Some(rate) = self.rate_per_partition {
+            room = room.min(u64::from(rate.starts).saturating_sub(started));
+        }
+        room
+    }
+
+    /// How many more starts of one partition `rate_per_partition` allows when `started` were
+    /// claimed within its window (`u64::MAX` without one): what bounds the takeovers of a
+    /// partition's expired leases, which add no job in flight.
+    pub fn partition_starts_left(&self, started: u64) -> u64 {
+        self.rate_per_partition
+            .map_or(u64::MAX, |rate| u64::from(rate.starts).saturating_sub(started))
     }
 
     /// The limits as a store keeps them (`max_in_flight`, `rate_starts`, `rate_per_ms`,
-    /// `max_per_partition`; a rate needs both of its columns). Values a [`RateLimit`] would
-    /// refuse, set by hand, are brought into its range rather than dropped: a limit is never
-    /// lifted by a read.
+    /// `max_per_partition`, `partition_rate_starts`, `partition_rate_per_ms`; a rate needs both
+    /// of its columns). Values a [`RateLimit`] would refuse, set by hand, are brought into its
+    /// range rather than dropped: a limit is never lifted by a read.
     pub fn from_stored(
         max_in_flight: Option<i64>,
         rate_starts: Option<i64>,
         rate_per_ms: Option<i64>,
         max_per_partition: Option<i64>,
+        partition_rate_starts: Option<i64>,
+        partition_rate_per_ms: Option<i64>,
     ) -> Self {
-        let rate = match (rate_starts, rate_per_ms) {
+        let rate = |starts: Option<i64>, per_ms: Option<i64>| match (starts, per_ms) {
             (Some(starts), Some(per_ms)) => RateLimit::new(
                 starts.clamp(1, i64::from(RateLimit::MAX_STARTS)) as u32,
                 Duration::from_millis(per_ms.max(1) as u64).min(RateLimit::MAX_WINDOW),
@@ -220,8 +286,9 @@ impl QueueLimits {
         let count = |n: i64| n.clamp(1, i64::from(u32::MAX)) as u32;
         QueueLimits {
             max_in_flight: max_in_flight.map(count),
-            rate,
+            rate: rate(rate_starts, rate_per_ms),
             max_per_partition: max_per_partition.map(count),
+            rate_per_partition: rate(partition_rate_starts, partition_rate_per_ms),
         }
     }
 
@@ -273,8 +340,8 @@ pub struct ClaimRoom {
     pub new: u32,
 }
 
-/// `at most 8 in flight, 100 starts per 60s, at most 1 in flight per partition`, or
-/// `no limits`.
+/// `at most 8 in flight, 100 starts per 60s, at most 1 in flight per partition, 10 starts per
+/// 1s per partition`, or `no limits`.
 impl std::fmt::Display for QueueLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts = Vec::new();
@@ -286,6 +353,9 @@ impl std::fmt::Display for QueueLimits {
         }
         if let Some(max) = self.max_per_partition {
             parts.push(format!("at most {max} in flight per partition"));
+        }
+        if let Some(rate) = self.rate_per_partition {
+            parts.push(format!("{rate} per partition"));
         }
         if parts.is_empty() {
             f.write_str("no limits")

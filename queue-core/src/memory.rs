@@ -71,6 +71,9 @@ struct State {
     /// is removed), and each queue's partition cursor (`crate::partition`).
     partitions: BTreeMap<String, BTreeMap<String, BTreeSet<Due>>>,
     partition_cursor: HashMap<String, String>,
+    /// Each partition's recent claims (when, how many), per queue and key, for the queue's
+    /// rate per partition; a claim drops those older than the window of the keys it logs.
+    partition_started: HashMap<(String, String), Vec<(DateTime<Utc>, u64)>>,
     /// The schedules schedulers recorded, per queue and name.
     schedules: BTreeMap<(String, String), crate::admin::ScheduleInfo>,
 }
@@ -109,18 +112,58 @@ impl State {
         };
         limits.room(batch, in_flight, started)
     }
+
+    /// How many of partition `key`'s jobs were claimed within `queue`'s rate per partition's
+    /// window before `now` (0 without one).
+    fn partition_started(&self, queue: &str, key: &str, now: DateTime<Utc>) -> u64 {
+        let Some(rate) = self.limits.get(queue).and_then(|l| l.rate_per_partition) else {
+            return 0;
+        };
+        let since = now - chrono::Duration::from_std(rate.per()).unwrap_or_default();
+        self.partition_started
+            .get(&(queue.to_owned(), key.to_owned()))
+            .map_or(0, |log| {
+                log.iter().filter(|(at, _)| *at > since).map(|(_, n)| n).sum()
+            })
+    }
+
+    /// Logs a claim's starts per partition (`keys`: the partition of each job claimed), for
+    /// the queue's rate per partition.
+    fn log_partition_starts<'a>(
+        &mut self,
+        queue: &str,
+        keys: impl IntoIterator<Item = &'a str>,
+        now: DateTime<Utc>,
+    ) {
+        let Some(rate) = self.limits.get(queue).and_then(|l| l.rate_per_partition) else {
+            return;
+        };
+        let since = now - chrono::Duration::from_std(rate.per()).unwrap_or_default();
+        let mut counts: HashMap<&str, u64> = HashMap::new();
+        for key in keys {
+            *counts.entry(key).or_default() += 1;
+        }
+        for (key, n) in counts {
+            let log = self
+                .partition_started
+                .entry((queue.to_owned(), key.to_owned()))
+                .or_default();
+            log.retain(|(at, _)| *at > since);
+            log.push((now, n));
+        }
+    }
 }
 
 impl State {
-    /// The due jobs a claim of a queue limited to `per` in flight per partition may take, at
-    /// most `wanted`, in claim order (see [`crate::partition`]): the earliest due jobs when they
+    /// The due jobs a claim of a queue with `limits` per partition may take, at most `wanted`,
+    /// in claim order (see [`crate::partition`]): the earliest due jobs when they
     /// [`fit`](crate::partition::fits); otherwise those without a partition among the earliest,
     /// and the offers of the partitions a [`PartitionWalk`] visits, with the walk, for the
     /// cursor.
     fn partitioned_due(
         &self,
         queue: &str,
-        per: u32,
+        limits: crate::admin::QueueLimits,
         wanted: usize,
         now: DateTime<Utc>,
     ) -> (Vec<Due>, Option<PartitionWalk>) {
@@ -145,7 +188,10 @@ impl State {
             .iter()
             .map(|(_, _, id)| self.jobs[id].partition_key.as_deref());
         let held = |key: &str| running.get(key).copied().unwrap_or(0);
-        if crate::partition::fits(per, keys_of, held) {
+        let room = |key: &str| {
+            limits.partition_room(held(key), self.partition_started(queue, key, now))
+        };
+        if crate::partition::fits(keys_of, room) {
             return (plain, None);
         }
         let mut due: Vec<Due> = earliest(crate::partition::loose_read_ahead(wanted as u32))
@@ -154,7 +200,7 @@ impl State {
             .take(wanted)
             .collect();
         let cursor = self.partition_cursor.get(queue).cloned();
-        let mut walk = PartitionWalk::new(cursor, per, wanted as u32);
+        let mut walk = PartitionWalk::new(cursor, wanted as u32);
         let empty = BTreeMap::new();
         let keys = self.partitions.get(queue).unwrap_or(&empty);
         while let Some(probe) = walk.probe() {
@@ -166,7 +212,7 @@ impl State {
                 .next()
                 .map(|(key, set)| {
                     let is_due = set.first().is_some_and(|(at, _, _)| *at <= now);
-                    (key.clone(), is_due, held(key))
+                    (key.clone(), is_due, room(key))
                 });
             walk.found(found);
         }
@@ -700,9 +746,9 @@ impl Backend for MemoryBackend {
         }
 
         // The two picks of the SQL claim: due pending jobs in order, and expired leases.
-        let per_partition = state.limits.get(queue).and_then(|l| l.max_per_partition);
-        let (due, walk) = match per_partition {
-            None => {
+        let limits = state.limits.get(queue).copied().unwrap_or_default();
+        let (due, walk) = match limits.partitioned() {
+            false => {
                 let due: Vec<Due> = state
                     .due
                     .get(queue)
@@ -716,7 +762,7 @@ impl Backend for MemoryBackend {
                     .unwrap_or_default();
                 (due, None)
             }
-            Some(per) => state.partitioned_due(queue, per, new_limit, now),
+            true => state.partitioned_due(queue, limits, new_limit, now),
         };
         let mut expired: Vec<(DateTime<Utc>, i16, i64)> = state
             .in_flight
@@ -739,6 +785,19 @@ impl Backend for MemoryBackend {
         live.extend(expired);
         live.sort();
         live.truncate(limit);
+        if limits.rate_per_partition.is_some() {
+            // Takeovers are starts too: each partition within the starts its rate leaves.
+            let mut keyed: Vec<(Due, Option<String>)> = live
+                .iter()
+                .map(|due| (*due, state.jobs[&due.2].partition_key.clone()))
+                .collect();
+            crate::partition::keep_within_starts(
+                &mut keyed,
+                |(_, key)| key.as_deref(),
+                |key| limits.partition_starts_left(state.partition_started(queue, key, now)),
+            );
+            live = keyed.into_iter().map(|(due, _)| due).collect();
+        }
 
         for (_, _, id) in live {
             let mut row = state.jobs[&id].clone();
@@ -784,6 +843,14 @@ impl Backend for MemoryBackend {
                 Some(cursor) => state.partition_cursor.insert(queue.to_owned(), cursor),
                 None => state.partition_cursor.remove(queue),
             };
+        }
+        if limits.rate_per_partition.is_some() {
+            let keys: Vec<String> = batch
+                .jobs
+                .iter()
+                .filter_map(|job| state.jobs[&job.id.0].partition_key.clone())
+                .collect();
+            state.log_partition_starts(queue, keys.iter().map(String::as_str), now);
         }
         if state.limits.get(queue).is_some_and(|l| l.rate.is_some()) && !batch.jobs.is_empty() {
             let log = state.started.entry(queue.to_owned()).or_default();

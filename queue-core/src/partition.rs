@@ -1,22 +1,32 @@
 //! How a claim of a queue with a limit per partition
-//! ([`QueueLimits::max_per_partition`](crate::QueueLimits)) chooses its jobs: the one rule
-//! every backend applies (PostgreSQL in SQL, `claim_limited.sql`; the others through [`fits`]
-//! and [`PartitionWalk`]).
+//! ([`QueueLimits::max_per_partition`](crate::QueueLimits) or
+//! [`QueueLimits::rate_per_partition`](crate::QueueLimits)) chooses its jobs: the one rule every
+//! backend applies (PostgreSQL in SQL, `claim_limited.sql`; the others through [`fits`],
+//! [`PartitionWalk`] and [`keep_within_starts`]).
+//!
+//! A partition's *room* is how many more of its jobs a claim may start
+//! ([`QueueLimits::partition_room`](crate::QueueLimits::partition_room)): what its limit in
+//! flight leaves (counting its jobs in flight, leases expired or not) and what its rate leaves
+//! (counting its claims within the window, takeovers included).
 //!
 //! A claim first looks at what it would take without partitions: the queue's earliest due
-//! jobs. When that puts no partition over its limit (counting the partition's jobs already in
-//! flight, leases expired or not), it takes them: while no partition is at its limit, jobs run
-//! in the usual order (due time, priority, id), at the cost of an unlimited claim.
+//! jobs. When that puts no partition over its room, it takes them: while no partition is at its
+//! limit, jobs run in the usual order (due time, priority, id), at the cost of an unlimited
+//! claim.
 //!
 //! Otherwise the partitions take turns. The queue keeps a cursor: the partition key where the
 //! last such claim stopped. The claim visits the keys of the queue's pending jobs in key order,
 //! starting after the cursor and wrapping around to the first key, each key once. A key
-//! *yields* when it has a due job and fewer than the limit of its jobs in flight; it offers its
-//! earliest due jobs, up to its room. The walk stops once as many keys yielded as the claim may
-//! take new jobs, or after [`MAX_PARTITION_VISITS`] keys (so a claim's cost is bounded however
-//! many partitions exist). The claim then takes, from these offers and the due jobs without a
-//! partition among the queue's earliest (eight times the claim's size, at most 1 000), the
-//! earliest in the usual order.
+//! *yields* when it has a due job and room; it offers its earliest due jobs, up to its room.
+//! The walk stops once as many keys yielded as the claim may take new jobs, or after
+//! [`MAX_PARTITION_VISITS`] keys (so a claim's cost is bounded however many partitions exist).
+//! The claim then takes, from these offers and the due jobs without a partition among the
+//! queue's earliest (eight times the claim's size, at most 1 000), the earliest in the usual
+//! order.
+//!
+//! Takeovers of expired leases join the claim's picks in claim order either way. They add no
+//! job in flight, but each is a start: with a rate per partition, a partition's picks beyond
+//! the starts its rate leaves are dropped, the latest first ([`keep_within_starts`]).
 //!
 //! The cursor moves to the last key visited, except when a key yielded and none of its jobs was
 //! taken (the batch filled with earlier jobs first): it then stops just before that key, which
@@ -27,13 +37,13 @@
 //! ```
 //! use queue_core::partition::{PartitionWalk, Probe};
 //!
-//! // Three partners with due work, one job each in flight allowed; the last claim stopped at "b".
-//! let mut walk = PartitionWalk::new(Some("b".into()), 1, 10);
+//! // Three partners with due work, room for one job each; the last claim stopped at "b".
+//! let mut walk = PartitionWalk::new(Some("b".into()), 10);
 //! let keys = ["a", "b", "c"];
 //! while let Some(probe) = walk.probe() {
 //!     let next = keys.iter().find(|k| probe.admits(k)).map(|k| k.to_string());
-//!     // Each found key has a due job and none in flight.
-//!     walk.found(next.map(|key| (key, true, 0)));
+//!     // Each found key has a due job and room for one.
+//!     walk.found(next.map(|key| (key, true, 1)));
 //! }
 //! let order: Vec<&str> = walk.visits().iter().map(|v| v.key.as_str()).collect();
 //! assert_eq!(order, ["c", "a", "b"]);
@@ -44,29 +54,55 @@
 //! ```
 
 /// Whether a claim may take the jobs it would take without partitions (the partition key of
-/// each, `None` for a job without one) as they are: no partition then has more than `limit` of
-/// its jobs in flight, counting `in_flight(key)` already there. When it may not, the partitions
-/// take turns ([`PartitionWalk`]).
+/// each, `None` for a job without one) as they are: no partition then has more of them than
+/// `room(key)` ([`QueueLimits::partition_room`](crate::QueueLimits::partition_room)). When it
+/// may not, the partitions take turns ([`PartitionWalk`]).
 ///
 /// ```
 /// use queue_core::partition::fits;
 ///
-/// let held = |key: &str| if key == "a" { 1 } else { 0 };
-/// assert!(fits(2, [Some("a"), Some("b"), None, Some("b")], held));
-/// assert!(!fits(2, [Some("a"), Some("a")], held), "a would have three");
+/// // Two in flight per partition; "a" has one already.
+/// let room = |key: &str| if key == "a" { 1 } else { 2 };
+/// assert!(fits([Some("a"), Some("b"), None, Some("b")], room));
+/// assert!(!fits([Some("a"), Some("a")], room), "a would have three");
 /// ```
 pub fn fits<'a>(
-    limit: u32,
     picked: impl IntoIterator<Item = Option<&'a str>>,
-    in_flight: impl Fn(&str) -> u64,
+    room: impl Fn(&str) -> u64,
 ) -> bool {
     let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     for key in picked.into_iter().flatten() {
         *counts.entry(key).or_default() += 1;
     }
-    counts
-        .into_iter()
-        .all(|(key, n)| n + in_flight(key) <= u64::from(limit))
+    counts.into_iter().all(|(key, n)| n <= room(key))
+}
+
+/// Drops from a claim's picks (in claim order) those past the starts a partition has left
+/// (`left(key)`: [`QueueLimits::partition_starts_left`](crate::QueueLimits::partition_starts_left)),
+/// keeping each partition's earliest: what bounds the takeovers of a partition's expired leases
+/// by its rate. Picks without a partition (`key` gives `None`) are kept.
+///
+/// ```
+/// use queue_core::partition::keep_within_starts;
+///
+/// let mut picks = vec![("a", 1), ("b", 2), ("a", 3), ("a", 4)];
+/// keep_within_starts(&mut picks, |p| Some(p.0), |key| if key == "a" { 2 } else { 0 });
+/// assert_eq!(picks, [("a", 1), ("a", 3)]);
+/// ```
+pub fn keep_within_starts<T>(
+    picks: &mut Vec<T>,
+    key: impl Fn(&T) -> Option<&str>,
+    left: impl Fn(&str) -> u64,
+) {
+    let mut taken: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    picks.retain(|pick| match key(pick) {
+        None => true,
+        Some(key) => {
+            let n = taken.entry(key.to_owned()).or_default();
+            *n += 1;
+            *n <= left(key)
+        }
+    });
 }
 
 /// How many of the queue's earliest due jobs a claim whose partitions take turns reads to find
@@ -88,7 +124,6 @@ pub const MAX_PARTITION_VISITS: usize = 1_000;
 #[derive(Debug, Clone)]
 pub struct PartitionWalk {
     cursor: Option<String>,
-    limit: u32,
     wanted: usize,
     max_visits: usize,
     /// The last key visited, and whether the walk went past the end and began again.
@@ -126,26 +161,19 @@ impl Probe<'_> {
 }
 
 impl PartitionWalk {
-    /// A walk from `cursor` (the queue's stored cursor; `None`: from the first key), for a queue
-    /// allowing `limit` jobs in flight per partition, for a claim that may take `wanted` new
-    /// jobs.
-    pub fn new(cursor: Option<String>, limit: u32, wanted: u32) -> Self {
-        Self::with_max_visits(cursor, limit, wanted, MAX_PARTITION_VISITS)
+    /// A walk from `cursor` (the queue's stored cursor; `None`: from the first key), for a claim
+    /// that may take `wanted` new jobs.
+    pub fn new(cursor: Option<String>, wanted: u32) -> Self {
+        Self::with_max_visits(cursor, wanted, MAX_PARTITION_VISITS)
     }
 
     /// [`PartitionWalk::new`] that visits at most `max_visits` keys.
-    pub fn with_max_visits(
-        cursor: Option<String>,
-        limit: u32,
-        wanted: u32,
-        max_visits: usize,
-    ) -> Self {
+    pub fn with_max_visits(cursor: Option<String>, wanted: u32, max_visits: usize) -> Self {
         PartitionWalk {
             after: cursor.clone(),
             // Without a cursor the walk starts at the first key: there is nothing to wrap to.
             wrapped: cursor.is_none(),
             cursor,
-            limit,
             wanted: wanted as usize,
             max_visits,
             done: wanted == 0 || max_visits == 0,
@@ -170,7 +198,9 @@ impl PartitionWalk {
     }
 
     /// What the last [`probe`](Self::probe) found: the first key in its range, whether it has a
-    /// due job, and how many of its jobs are in flight; `None` when no key is in the range.
+    /// due job, and its room
+    /// ([`QueueLimits::partition_room`](crate::QueueLimits::partition_room)); `None` when no
+    /// key is in the range.
     pub fn found(&mut self, found: Option<(String, bool, u64)>) {
         match found {
             None if self.wrapped => self.done = true,
@@ -178,9 +208,9 @@ impl PartitionWalk {
                 self.wrapped = true;
                 self.after = None;
             }
-            Some((key, due, in_flight)) => {
+            Some((key, due, room)) => {
                 let room = if due {
-                    u64::from(self.limit).saturating_sub(in_flight) as u32
+                    room.min(u64::from(u32::MAX)) as u32
                 } else {
                     0
                 };
@@ -224,7 +254,8 @@ impl PartitionWalk {
 mod tests {
     use super::*;
 
-    /// Walks `keys` (each `(key, due, in_flight)`, sorted) from `cursor`.
+    /// Walks `keys` (each `(key, due, in_flight)`, sorted) from `cursor`, `limit` in flight
+    /// per partition.
     fn walk(
         cursor: Option<&str>,
         keys: &[(&str, bool, u64)],
@@ -233,7 +264,7 @@ mod tests {
         max: usize,
     ) -> PartitionWalk {
         let mut walk =
-            PartitionWalk::with_max_visits(cursor.map(str::to_owned), limit, wanted, max);
+            PartitionWalk::with_max_visits(cursor.map(str::to_owned), wanted, max);
         let mut probes = 0;
         while let Some(probe) = walk.probe() {
             probes += 1;
@@ -241,7 +272,9 @@ mod tests {
             let next = keys
                 .iter()
                 .find(|(key, _, _)| probe.admits(key))
-                .map(|(key, due, n)| (key.to_string(), *due, *n));
+                .map(|(key, due, n)| {
+                    (key.to_string(), *due, u64::from(limit).saturating_sub(*n))
+                });
             walk.found(next);
         }
         walk

@@ -27,16 +27,14 @@ impl Handler for Noop {
 fn max_in_flight(n: u32) -> QueueLimits {
     QueueLimits {
         max_in_flight: Some(n),
-        rate: None,
-        max_per_partition: None,
+        ..QueueLimits::NONE
     }
 }
 
 fn rate(starts: u32, per: Duration) -> QueueLimits {
     QueueLimits {
-        max_in_flight: None,
         rate: Some(RateLimit::new(starts, per).unwrap()),
-        max_per_partition: None,
+        ..QueueLimits::NONE
     }
 }
 
@@ -59,6 +57,7 @@ cases! {
             max_in_flight: Some(8),
             rate: Some(RateLimit::new(100, Duration::from_secs(60)).unwrap()),
             max_per_partition: None,
+            rate_per_partition: Some(RateLimit::new(5, Duration::from_millis(1500)).unwrap()),
         };
         assert_eq!(b.set_limits(both).await.unwrap().limits, both);
         assert_eq!(b.control().await.unwrap().limits, both);

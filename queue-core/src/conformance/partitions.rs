@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{Harness, claim, lease, record};
-use crate::admin::{Admin, JobFilter, QueueLimits};
+use crate::admin::{Admin, JobFilter, QueueLimits, RateLimit};
 use crate::backend::Backend;
 use crate::error::{ConfigError, Error, InvalidInput};
 use crate::types::{ClaimedJob, Finalize, JobId, JobStatus, NewJob};
@@ -19,6 +19,26 @@ fn per_partition(n: u32) -> QueueLimits {
         max_per_partition: Some(n),
         ..QueueLimits::NONE
     }
+}
+
+fn rate_per_partition(starts: u32, per: Duration) -> QueueLimits {
+    QueueLimits {
+        rate_per_partition: Some(RateLimit::new(starts, per).unwrap()),
+        ..QueueLimits::NONE
+    }
+}
+
+/// How many of `jobs` are of each partition (`""`: none).
+async fn per_key<B: Backend>(b: &B, jobs: &[ClaimedJob]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for key in partitions_of(b, jobs).await {
+        *counts.entry(key.unwrap_or_default()).or_default() += 1;
+    }
+    counts
+}
+
+fn counts<const N: usize>(pairs: [(&str, usize); N]) -> std::collections::BTreeMap<String, usize> {
+    pairs.into_iter().map(|(k, n)| (k.to_owned(), n)).collect()
 }
 
 fn job(key: Option<&str>, n: usize) -> NewJob {
@@ -311,5 +331,108 @@ cases! {
         assert!(claim(b, 10).await.jobs.is_empty());
         b.set_limits(per_partition(2)).await.unwrap();
         assert_eq!(claim(b, 10).await.jobs.len(), 3, "two per partition: three more");
+    }
+
+    /// A rate per partition allows so many claims of each partition's jobs per window, by the
+    /// store's clock, the window sliding; jobs without a partition are not limited by it, and
+    /// a partition whose starts are used does not hold back the others. The rate is stored and
+    /// shown with the queue's other limits.
+    pub async fn the_partition_rate_allows_so_many_starts_per_window<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_in(b, Some("a"), 6).await;
+        enqueue_in(b, Some("b"), 6).await;
+        enqueue_in(b, None, 2).await;
+        let limits = rate_per_partition(2, Duration::from_secs(60));
+        assert_eq!(b.set_limits(limits).await.unwrap().limits, limits);
+        assert_eq!(b.control().await.unwrap().limits, limits);
+
+        let first = claim(b, 10).await.jobs;
+        assert_eq!(per_key(b, &first).await, counts([("", 2), ("a", 2), ("b", 2)]));
+        // Finished at once: the rate counts starts, not jobs in flight.
+        complete(b, &first).await;
+        assert!(claim(b, 10).await.jobs.is_empty(), "each partition used its two starts");
+        h.advance_clock(Duration::from_secs(30)).await;
+        assert!(claim(b, 10).await.jobs.is_empty(), "still within the minute");
+        h.advance_clock(Duration::from_secs(31)).await;
+        let next = claim(b, 3).await.jobs;
+        assert_eq!(next.len(), 3);
+        let more = claim(b, 10).await.jobs;
+        let mut all = next.clone();
+        all.extend(more);
+        assert_eq!(per_key(b, &all).await, counts([("a", 2), ("b", 2)]), "the window slid");
+        assert_eq!(b.counts().await.unwrap().pending, 4);
+    }
+
+    /// A takeover of an expired lease is a start of its partition too: the partition's
+    /// takeovers and new jobs together stay within its rate, the takeover first (claim order).
+    pub async fn takeovers_count_against_the_partition_rate<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let a = enqueue_in(b, Some("a"), 4).await;
+        b.set_limits(rate_per_partition(3, Duration::from_secs(3600))).await.unwrap();
+        let first = claim(b, 1).await.jobs;
+        assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), [a[0]]);
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        let again = claim(b, 10).await.jobs;
+        let taken: Vec<(JobId, bool)> = again.iter().map(|j| (j.id, j.taken_over)).collect();
+        assert_eq!(taken, [(a[0], true), (a[1], false)], "three starts of a in the hour");
+        h.advance_clock(lease().duration() + Duration::from_secs(1)).await;
+        assert!(claim(b, 10).await.jobs.is_empty(), "no takeover past the rate either");
+        assert_eq!(b.counts().await.unwrap().in_flight, 2);
+    }
+
+    /// A rate per partition and a limit in flight per partition together: a partition takes
+    /// what both leave.
+    pub async fn the_partition_rate_holds_beside_the_partition_limit<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        enqueue_in(b, Some("a"), 5).await;
+        enqueue_in(b, Some("b"), 5).await;
+        let limits = QueueLimits {
+            rate_per_partition: Some(RateLimit::new(3, Duration::from_secs(60)).unwrap()),
+            ..per_partition(2)
+        };
+        b.set_limits(limits).await.unwrap();
+        let first = claim(b, 10).await.jobs;
+        assert_eq!(per_key(b, &first).await, counts([("a", 2), ("b", 2)]), "two in flight each");
+        complete(b, &first).await;
+        let second = claim(b, 10).await.jobs;
+        assert_eq!(per_key(b, &second).await, counts([("a", 1), ("b", 1)]), "one start left each");
+        complete(b, &second).await;
+        assert!(claim(b, 10).await.jobs.is_empty());
+        h.advance_clock(Duration::from_secs(61)).await;
+        let third = claim(b, 10).await.jobs;
+        assert_eq!(per_key(b, &third).await, counts([("a", 2), ("b", 2)]));
+    }
+
+    /// Sixteen claimers at once against a rate per partition: each partition's starts are
+    /// exactly its rate, no more, and the jobs without a partition all run.
+    pub async fn concurrent_claimers_never_exceed_the_partition_rate<H: Harness>(h: Arc<H>) {
+        let b = h.backend().clone();
+        // The jobs without a partition first: behind a backlog of partitioned jobs longer than
+        // the claim's read-ahead they would wait for it (crate::partition).
+        enqueue_in(&b, None, 5).await;
+        for key in ["p0", "p1", "p2", "p3"] {
+            enqueue_in(&b, Some(key), 10).await;
+        }
+        b.set_limits(rate_per_partition(3, Duration::from_secs(3600))).await.unwrap();
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let b = b.clone();
+            claimers.spawn(async move {
+                let mut got = Vec::new();
+                for _ in 0..4 {
+                    let jobs = claim(&b, 2).await.jobs;
+                    // Finished at once: only the rate holds them back.
+                    complete(&b, &jobs).await;
+                    got.extend(jobs);
+                }
+                got
+            });
+        }
+        let claimed: Vec<ClaimedJob> = claimers.join_all().await.into_iter().flatten().collect();
+        assert_eq!(
+            per_key(&b, &claimed).await,
+            counts([("", 5), ("p0", 3), ("p1", 3), ("p2", 3), ("p3", 3)]),
+            "an hour's starts of each partition, and no more"
+        );
     }
 }
