@@ -784,9 +784,9 @@ impl Backend for MemoryBackend {
         let mut live: Vec<(DateTime<Utc>, i16, i64)> = due;
         live.extend(expired);
         live.sort();
-        live.truncate(limit);
         if limits.rate_per_partition.is_some() {
-            // Takeovers are starts too: each partition within the starts its rate leaves.
+            // Takeovers are starts too: each partition within the starts its rate leaves, before
+            // the batch is cut, as the SQL claim does.
             let mut keyed: Vec<(Due, Option<String>)> = live
                 .iter()
                 .map(|due| (*due, state.jobs[&due.2].partition_key.clone()))
@@ -798,6 +798,7 @@ impl Backend for MemoryBackend {
             );
             live = keyed.into_iter().map(|(due, _)| due).collect();
         }
+        live.truncate(limit);
 
         for (_, _, id) in live {
             let mut row = state.jobs[&id].clone();

@@ -8,22 +8,25 @@
 -- max_in_flight of the queue's jobs in flight once it commits (every in_flight row counts, its
 -- lease expired or not: a holder may still renew a lease that has passed, and a takeover of an
 -- expired one adds no job, so it is free), at most max_per_partition of one partition's jobs
--- in flight (counted the same way), and at most rate_starts jobs claimed (takeovers included)
--- within any window of rate_per_ms milliseconds, by the database's clock at the moment of
--- counting (clock_timestamp, after the lock). Claims of the queue take turns on its row
+-- in flight (counted the same way), at most rate_starts jobs claimed (takeovers included)
+-- within any window of rate_per_ms milliseconds, and at most partition_rate_starts of one
+-- partition's jobs claimed (takeovers included) within any window of partition_rate_per_ms, by
+-- the database's clock at the moment of counting (clock_timestamp, after the lock). Claims of the queue take turns on its row
 -- (control: FOR UPDATE, which returns the row as the last claim to hold it committed it).
 -- Every claim that takes a job counts itself in the row's claims; when that count differs from
 -- the one this statement's snapshot holds (seen), a claim committed after the snapshot was
 -- taken, so the snapshot's counts are stale: the statement claims nothing (its picks take no
 -- row) and returns a row marked 'stale' (try again; inside a transaction that took the lock
 -- first, lock_queue.sql, it never is). rate_log holds the recent claims as [epoch
--- milliseconds, jobs] pairs; a claim drops the ones older than the window and appends its own.
+-- milliseconds, jobs] pairs; a claim drops the ones older than the window and appends its own;
+-- "{{table}}_partition_starts" keeps such a log per partition (claim_logged.sql).
 -- The in-flight counts read the queue's in-flight rows (the lease index). Finalizes the
 -- snapshot does not see only make the counts higher. Assumes READ COMMITTED, as every statement
 -- of the framework does.
 --
--- Partitions: with max_per_partition, the pick is taken only when it puts no partition over
--- that limit, counting the partition's jobs already in flight: binding. Otherwise the
+-- Partitions: with a limit per partition, the pick is taken only when it puts no partition over
+-- its room (max_per_partition, counting the partition's jobs already in flight; the rate per
+-- partition, counting its claims within the window): binding. Otherwise the
 -- statement takes nothing (no takeover either) and says so (a row marked 'turns'), and the
 -- caller runs claim_turns.sql, where the partitions take turns and the takeovers are merged
 -- with their offers in claim order (queue_core::partition says the rule).
@@ -33,8 +36,10 @@ plain AS MATERIALIZED (
 ),
 binding AS MATERIALIZED (
     -- One hash aggregate over the picks and the queue's in-flight rows by key: a key binds when
-    -- it has a pick and more rows than the limit. The quota's held object (claim_turns.sql's)
-    -- costs more to build; this form does not read it, so PostgreSQL never runs it.
+    -- it has a pick and more rows than max_per_partition. The quota's held object
+    -- (claim_turns.sql's) costs more to build; this form does not read it, so PostgreSQL never
+    -- runs it. With a rate per partition, a key binds too when it has more picks than its
+    -- claims within the window leave (one read of its log by primary key per picked key).
     SELECT EXISTS (
         SELECT 1
         FROM (SELECT p.partition_key AS key, true AS pick
@@ -46,7 +51,14 @@ binding AS MATERIALIZED (
               WHERE j.queue = $1 AND j.status = 'in_flight' AND j.partition_key IS NOT NULL
                 AND (SELECT per_partition FROM quota) IS NOT NULL) AS u
         GROUP BY u.key
-        HAVING bool_or(u.pick) AND count(*) > (SELECT per_partition FROM quota)) AS binds
+        HAVING bool_or(u.pick) AND count(*) > (SELECT per_partition FROM quota))
+    OR EXISTS (
+        SELECT 1
+        FROM (SELECT p.partition_key AS key, count(*) AS picks
+              FROM plain AS p
+              WHERE p.partition_key IS NOT NULL AND (SELECT key_rate_starts FROM quota) IS NOT NULL
+              GROUP BY p.partition_key) AS k
+        WHERE k.picks > (SELECT key_rate_starts FROM quota) - {{key_started}}) AS binds
 ),
 due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, expired, partition_key

@@ -3,10 +3,12 @@
 -- the pending jobs to take, claim_due.sql's pick or claim_limited.sql's; claim.sql says what
 -- they guarantee). Parameters as claim.sql's, $1 to $7; finalize_claim.sql shifts them past its
 -- own. Rendered with two tokens: batch, how many picked jobs to take ($2, or claim_limited.sql's
--- quota: all within the rate; takeovers stop at $2), and limited_guard, what else keeps the
+-- quota: all within the rate; takeovers stop at $2), limited_guard, what else keeps the
 -- takeovers from a queue besides a pause (claim.sql's: limits, which only claim_limited.sql
 -- applies; claim_limited.sql's: partitions taking turns, when claim_turns.sql takes them over;
--- claim_turns.sql's: nothing).
+-- claim_turns.sql's: nothing), and candidates, the due jobs and takeovers to choose from
+-- (claim.sql's: all of them; the limited forms': each partition's earliest within the starts
+-- its rate leaves, claim_candidates.sql).
 expired AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, true AS expired, partition_key
     FROM "{{table}}"
@@ -23,7 +25,7 @@ expired AS MATERIALIZED (
 ),
 picked AS (
     SELECT id, expired, reclaims
-    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    FROM {{candidates}}
     ORDER BY next_attempt_at, priority, id
     LIMIT {{batch}}
 ),
@@ -45,11 +47,13 @@ written AS (
         updated_at = now()
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.claim_generation, j.claim_token, j.attempts, j.reclaims, j.claimed_at, j.priority,
-              j.payload, j.next_attempt_at, j.cancel_requested_at IS NOT NULL AS cancel_requested
+              j.payload, j.next_attempt_at, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+              j.partition_key
 ),
 claimed AS (
     SELECT w.id, w.claim_generation, w.claim_token, w.attempts, w.reclaims, w.claimed_at,
            w.priority, w.payload, w.next_attempt_at, p.expired AS taken_over,
-           (p.expired AND p.reclaims >= $4) AS over_reclaim_cap, w.cancel_requested
+           (p.expired AND p.reclaims >= $4) AS over_reclaim_cap, w.cancel_requested,
+           w.partition_key
     FROM written AS w JOIN picked AS p ON p.id = w.id
 )

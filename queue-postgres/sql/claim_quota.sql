@@ -4,13 +4,18 @@
 -- returns the row as the last claim to hold it committed it); seen, the same row as this
 -- statement's snapshot has it; quota: whether the snapshot is stale (a limited claim committed
 -- after it), how many new jobs and how many jobs in all the claim may take (0 when stale),
--- the queue's max_per_partition and its partition cursor; held, with max_per_partition, the
+-- the queue's max_per_partition and its partition cursor, whether any limit per partition is
+-- set (partitioned), the rate per partition (key_rate_starts and key_rate_per_ms, both NULL
+-- without one), and the time the claim counts by (now_at, and now_ms in epoch milliseconds:
+-- clock_timestamp once the lock is held, one instant for the whole statement); held, with
+-- max_per_partition, the
 -- queue's jobs in flight per partition key (every in-flight row counts, as for max_in_flight),
 -- one read of the in-flight rows made a jsonb object, read by key in O(log n) (claim_turns.sql
 -- reads it; claim_limited.sql counts its picks another way, and an unread CTE never runs).
 control AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
-           c.max_per_partition, c.partition_cursor
+           c.max_per_partition, c.partition_cursor, c.partition_rate_starts,
+           c.partition_rate_per_ms
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
     FOR UPDATE
@@ -31,8 +36,18 @@ quota AS MATERIALIZED (
            CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
-           c.partition_cursor AS cursor_key
+           c.partition_cursor AS cursor_key,
+           (c.max_per_partition IS NOT NULL OR k.per_ms IS NOT NULL) AS partitioned,
+           CASE WHEN k.per_ms IS NOT NULL THEN c.partition_rate_starts END AS key_rate_starts,
+           k.per_ms AS key_rate_per_ms,
+           t.now_at,
+           extract(epoch FROM t.now_at)::float8 * 1000 AS now_ms
     FROM control AS c
+    CROSS JOIN LATERAL (SELECT clock_timestamp() AS now_at) AS t
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN c.partition_rate_starts IS NOT NULL THEN c.partition_rate_per_ms END
+               AS per_ms
+    ) AS k
     CROSS JOIN LATERAL (
         SELECT CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN $2::bigint
                ELSE GREATEST(0, LEAST($2::bigint, c.rate_starts - (
@@ -43,7 +58,8 @@ quota AS MATERIALIZED (
                END AS room
     ) AS r
     UNION ALL
-    SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text
+    SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text, false, NULL::integer,
+           NULL::bigint, clock_timestamp(), extract(epoch FROM clock_timestamp())::float8 * 1000
     WHERE NOT EXISTS (SELECT 1 FROM control)
 ),
 held AS MATERIALIZED (

@@ -13,8 +13,9 @@
 -- from the first key up to the cursor (from_start), one probe each of
 -- "{{table}}_partition_idx" that reads the key's earliest job; it stops once as many keys
 -- yielded as the claim may take new jobs, or after {{max_visits}} keys. A key yields when its
--- earliest job is due and fewer than max_per_partition of its jobs are in flight (held, in
--- claim_quota.sql); it offers its earliest due jobs, up to its room. The earliest of all of
+-- earliest job is due and it has room (claim_walk_room.sql: fewer than max_per_partition of its
+-- jobs in flight, and starts left by its rate per partition); it offers its earliest due jobs,
+-- up to its room. The earliest of all of
 -- these, in claim order, are locked within the quota (locked: FOR UPDATE SKIP LOCKED, the status
 -- and due time read again, as claim_due.sql's pick does; a row another transaction holds is
 -- passed over and the next one taken), and merged with the takeovers of expired leases in claim
@@ -23,9 +24,9 @@
 -- (next_cursor; a key whose offers were locked by others does not keep its turn).
 WITH RECURSIVE {{claim_quota}},
 walking AS MATERIALIZED (
-    SELECT q.per_partition, q.cursor_key, q.new_jobs
+    SELECT q.per_partition, q.cursor_key, q.new_jobs, q.key_rate_starts
     FROM quota AS q
-    WHERE q.per_partition IS NOT NULL AND q.new_jobs > 0
+    WHERE q.partitioned AND q.new_jobs > 0
       AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
                       WHERE c.queue = $1 AND c.paused_at IS NOT NULL)
 ),
@@ -47,12 +48,7 @@ after_cursor (step, key, room, yielded) AS (
          ORDER BY j.partition_key, j.next_attempt_at
          LIMIT 1)
     ) AS f
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN f.next_attempt_at <= now()
-               THEN GREATEST(0, q.per_partition - COALESCE(
-                        ((SELECT counts FROM held) ->> f.partition_key)::bigint, 0))
-               ELSE 0 END AS room
-    ) AS r
+    CROSS JOIN LATERAL ({{walk_room}}) AS r
     UNION ALL
     SELECT w.step + 1, f.partition_key, r.room, w.yielded + (r.room > 0)::int
     FROM after_cursor AS w
@@ -65,12 +61,7 @@ after_cursor (step, key, room, yielded) AS (
         ORDER BY j.partition_key, j.next_attempt_at
         LIMIT 1
     ) AS f
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN f.next_attempt_at <= now()
-               THEN GREATEST(0, q.per_partition - COALESCE(
-                        ((SELECT counts FROM held) ->> f.partition_key)::bigint, 0))
-               ELSE 0 END AS room
-    ) AS r
+    CROSS JOIN LATERAL ({{walk_room}}) AS r
     WHERE w.step < {{max_visits}} AND w.yielded < q.new_jobs
 ),
 from_start (step, key, room, yielded) AS (
@@ -86,12 +77,7 @@ from_start (step, key, room, yielded) AS (
         ORDER BY j.partition_key, j.next_attempt_at
         LIMIT 1
     ) AS f
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN f.next_attempt_at <= now()
-               THEN GREATEST(0, q.per_partition - COALESCE(
-                        ((SELECT counts FROM held) ->> f.partition_key)::bigint, 0))
-               ELSE 0 END AS room
-    ) AS r
+    CROSS JOIN LATERAL ({{walk_room}}) AS r
     WHERE q.cursor_key IS NOT NULL AND e.step < {{max_visits}} AND e.yielded < q.new_jobs
     UNION ALL
     SELECT w.step + 1, f.partition_key, r.room, w.yielded + (r.room > 0)::int
@@ -105,12 +91,7 @@ from_start (step, key, room, yielded) AS (
         ORDER BY j.partition_key, j.next_attempt_at
         LIMIT 1
     ) AS f
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN f.next_attempt_at <= now()
-               THEN GREATEST(0, q.per_partition - COALESCE(
-                        ((SELECT counts FROM held) ->> f.partition_key)::bigint, 0))
-               ELSE 0 END AS room
-    ) AS r
+    CROSS JOIN LATERAL ({{walk_room}}) AS r
     WHERE w.step < {{max_visits}} AND w.yielded < q.new_jobs
 ),
 visited AS MATERIALIZED (

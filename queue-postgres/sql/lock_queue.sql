@@ -3,7 +3,8 @@
 -- claim that held it before (the path a claim takes when, alone, it found its snapshot stale).
 --
 -- Parameters: $1 queue. Returns the row's limits (no row: no limits, nothing locked).
-SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition
+SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition, partition_rate_starts,
+       partition_rate_per_ms
 FROM "{{table}}_queues"
 WHERE queue = $1
 FOR UPDATE

@@ -3,14 +3,24 @@
 -- queue had no rate are not in it). The partition cursor is kept too.
 --
 -- Parameters: $1 queue; $2 max_in_flight (int4, NULL: none); $3 rate_starts (int4); $4
--- rate_per_ms (int8; both NULL: no rate); $5 max_per_partition (int4, NULL: none). Returns the
--- controls after the change.
-INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition)
-VALUES ($1, $2, $3, $4, $5)
+-- rate_per_ms (int8; both NULL: no rate); $5 max_per_partition (int4, NULL: none); $6
+-- partition_rate_starts (int4) and $7 partition_rate_per_ms (int8; both NULL: no rate per
+-- partition). Returns the controls after the change. Without a rate per partition, the
+-- partitions' logs of claims are deleted (a rate set later counts from then on).
+WITH forgotten AS (
+    DELETE FROM "{{table}}_partition_starts"
+    WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
+)
+INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
+                                     partition_rate_starts, partition_rate_per_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (queue) DO UPDATE
 SET max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,
     rate_per_ms = EXCLUDED.rate_per_ms,
     max_per_partition = EXCLUDED.max_per_partition,
+    partition_rate_starts = EXCLUDED.partition_rate_starts,
+    partition_rate_per_ms = EXCLUDED.partition_rate_per_ms,
     updated_at = now()
-RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition
+RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
+          partition_rate_starts, partition_rate_per_ms

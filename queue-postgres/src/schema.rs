@@ -81,7 +81,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 7] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 9] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -89,6 +89,8 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 7] = [
     ("claims", 20261205000001, "queue limits"),
     ("max_per_partition", 20261206000001, "partitions"),
     ("partition_cursor", 20261206000001, "partitions"),
+    ("partition_rate_starts", 20261207000001, "partition rates"),
+    ("partition_rate_per_ms", 20261207000001, "partition rates"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -106,6 +108,8 @@ pub(crate) struct TableFacts {
     pub(crate) controls_columns: Vec<String>,
     /// Whether the recorded schedules' table (`<table>_schedules`) exists.
     pub(crate) has_schedules_table: bool,
+    /// Whether the partitions' start logs table (`<table>_partition_starts`) exists.
+    pub(crate) has_partition_starts_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -153,7 +157,7 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
             "the table {table}_queues (queue pauses, table migration 20261202000001)"
         ));
     } else {
-        for version in [20261205000001, 20261206000001] {
+        for version in [20261205000001, 20261206000001, 20261207000001] {
             let absent: Vec<&str> = CONTROLS_LIMITS_COLUMNS
                 .into_iter()
                 .filter(|(name, v, _)| {
@@ -181,6 +185,13 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
         missing.push(format!(
             "the table {table}_schedules (recorded schedules, table migration 20261206000001: \
              commit table_migration_sql(table, 20261206000001) as a migration of your own)"
+        ));
+    }
+    if !facts.has_partition_starts_table {
+        missing.push(format!(
+            "the table {table}_partition_starts (partition rates, table migration \
+             20261207000001: commit table_migration_sql(table, 20261207000001) as a migration \
+             of your own)"
         ));
     }
     if !facts.id_has_sequence {
@@ -257,6 +268,7 @@ mod tests {
             has_controls_table: false,
             controls_columns: vec![],
             has_schedules_table: false,
+            has_partition_starts_table: false,
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();

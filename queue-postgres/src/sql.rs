@@ -36,6 +36,9 @@ pub(crate) const CLAIM_DUE: Template = template!("claim_due.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
 pub(crate) const CLAIM_LIMITED: Template = template!("claim_limited.sql");
 pub(crate) const CLAIM_TURNS: Template = template!("claim_turns.sql");
+pub(crate) const CLAIM_CANDIDATES: Template = template!("claim_candidates.sql");
+pub(crate) const CLAIM_KEY_STARTED: Template = template!("claim_key_started.sql");
+pub(crate) const CLAIM_WALK_ROOM: Template = template!("claim_walk_room.sql");
 pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
 pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
@@ -79,7 +82,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 6] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 7] = [
     (
         20261130000001,
         "queue jobs",
@@ -126,6 +129,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 6] = [
         Template {
             name: "20261206000001_partitions_and_schedules.sql",
             text: include_str!("../migrations/20261206000001_partitions_and_schedules.sql"),
+        },
+    ),
+    (
+        20261207000001,
+        "partition rates",
+        Template {
+            name: "20261207000001_partition_rates.sql",
+            text: include_str!("../migrations/20261207000001_partition_rates.sql"),
         },
     ),
 ];
@@ -245,7 +256,8 @@ pub(crate) fn for_table_with(
 /// (A rate is a number of starts and a window: both, or it is not one.)
 const LIMITED_GUARD: &str = "OR c.max_in_flight IS NOT NULL \
      OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL) \
-     OR c.max_per_partition IS NOT NULL";
+     OR c.max_per_partition IS NOT NULL \
+     OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)";
 
 /// The most of a partition-limited queue's earliest due jobs `claim_limited.sql` reads to find
 /// jobs without a partition key among them when its partitions take turns.
@@ -269,8 +281,28 @@ const PLAIN_PICKS: Picks<'static> = Picks {
     expired_guard: LIMITED_GUARD,
 };
 
-/// `claim_due.sql` and `claim_picks.sql` for `table`, rendered for `picks`.
-fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String), PgError> {
+/// The candidates of `claim.sql`'s picks: every due job and takeover.
+const ALL_CANDIDATES: &str = "(SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates";
+
+/// `claim_key_started.sql` for `table`, for the partition key `key` (an SQL expression).
+fn key_started(table: &TableName, key: &str) -> Result<String, PgError> {
+    for_table_with(CLAIM_KEY_STARTED, table, &[("key", key)])
+}
+
+/// The candidates of the limited claims' picks (`claim_candidates.sql`): within each
+/// partition's starts.
+fn limited_candidates(table: &TableName) -> Result<String, PgError> {
+    let started = key_started(table, "u.partition_key")?;
+    for_table_with(CLAIM_CANDIDATES, table, &[("key_started", &started)])
+}
+
+/// `claim_due.sql` and `claim_picks.sql` for `table`, rendered for `picks`, choosing among
+/// `candidates`.
+fn claim_parts(
+    table: &TableName,
+    picks: &Picks<'_>,
+    candidates: &str,
+) -> Result<(String, String), PgError> {
     let due = for_table_with(
         CLAIM_DUE,
         table,
@@ -285,6 +317,7 @@ fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String),
         &[
             ("batch", picks.batch),
             ("limited_guard", picks.expired_guard),
+            ("candidates", candidates),
         ],
     )?;
     Ok((due, rest))
@@ -292,7 +325,7 @@ fn claim_parts(table: &TableName, picks: &Picks<'_>) -> Result<(String, String),
 
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &PLAIN_PICKS)?;
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS, ALL_CANDIDATES)?;
     for_table_with(
         CLAIM,
         table,
@@ -319,8 +352,9 @@ const LIMITED_PICKS: Picks<'static> = Picks {
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &LIMITED_PICKS)?;
+    let (due, picks) = claim_parts(table, &LIMITED_PICKS, &limited_candidates(table)?)?;
     let quota = for_table(CLAIM_QUOTA, table)?;
+    let started = key_started(table, "k.key")?;
     let logged = for_table_with(
         CLAIM_LOGGED,
         table,
@@ -334,14 +368,17 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
             ("claim_due", &due),
             ("claim_picks", &picks),
             ("claim_logged", &logged),
+            ("key_started", &started),
         ],
     )
 }
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
-    let (_, picks) = claim_parts(table, &QUOTA_PICKS)?;
+    let (_, picks) = claim_parts(table, &QUOTA_PICKS, &limited_candidates(table)?)?;
     let quota = for_table(CLAIM_QUOTA, table)?;
+    let started = key_started(table, "f.partition_key")?;
+    let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
     let logged = for_table_with(CLAIM_LOGGED, table, &[("turns", "false")])?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();
     let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
@@ -354,6 +391,7 @@ pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
             ("claim_logged", &logged),
             ("loose_read_ahead", &read_ahead),
             ("max_visits", &max_visits),
+            ("walk_room", &walk_room),
         ],
     )
 }
@@ -365,7 +403,7 @@ pub(crate) const FINALIZE_PARAMS: usize = 10;
 /// `claim_picks.sql` with their parameters numbered after finalize's.
 pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
     let finalize = for_table(FINALIZE, table)?;
-    let (due, picks) = claim_parts(table, &PLAIN_PICKS)?;
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS, ALL_CANDIDATES)?;
     let due = shift_params(&due, FINALIZE_PARAMS);
     let picks = shift_params(&picks, FINALIZE_PARAMS);
     for_table_with(

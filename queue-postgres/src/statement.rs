@@ -421,6 +421,17 @@ pub(crate) async fn table_facts<D: Driver>(
         Some(row) => get::<D, bool>(row, "present")?,
         None => false,
     };
+    let starts = format!("\"{table}_partition_starts\"");
+    let rows = D::query(
+        D::reborrow(&mut conn),
+        &text(sql::TABLE_EXISTS)?,
+        &(starts.as_str(),),
+    )
+    .await?;
+    let has_partition_starts_table = match rows.first() {
+        Some(row) => get::<D, bool>(row, "present")?,
+        None => false,
+    };
     let controls_columns = if has_controls_table {
         D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
             .await?
@@ -437,6 +448,7 @@ pub(crate) async fn table_facts<D: Driver>(
         has_controls_table,
         controls_columns,
         has_schedules_table,
+        has_partition_starts_table,
         id_has_sequence,
     })
 }
@@ -579,6 +591,8 @@ pub(crate) fn queue_limits<D: Driver>(row: &D::Row) -> Result<QueueLimits, PgErr
         get::<D, Option<i32>>(row, "rate_starts")?.map(i64::from),
         get::<D, Option<i64>>(row, "rate_per_ms")?,
         get::<D, Option<i32>>(row, "max_per_partition")?.map(i64::from),
+        get::<D, Option<i32>>(row, "partition_rate_starts")?.map(i64::from),
+        get::<D, Option<i64>>(row, "partition_rate_per_ms")?,
     ))
 }
 
@@ -597,7 +611,19 @@ pub(crate) async fn set_limits<D: Driver>(
     let per_partition = limits
         .max_per_partition
         .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
-    let params = (queue.as_str(), max_in_flight, starts, per_ms, per_partition);
+    let partition_starts = limits.rate_per_partition.map(|r| r.starts() as i32);
+    let partition_per_ms = limits
+        .rate_per_partition
+        .map(|r| r.per().as_millis() as i64);
+    let params = (
+        queue.as_str(),
+        max_in_flight,
+        starts,
+        per_ms,
+        per_partition,
+        partition_starts,
+        partition_per_ms,
+    );
     let rows = D::query(conn, &sql.set_limits, &params).await?;
     let row = rows.first().ok_or(PgError::NoRow {
         statement: "set_limits.sql",

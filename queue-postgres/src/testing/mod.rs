@@ -273,4 +273,16 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .execute(pool)
     .await
     .expect("age the queues' rate logs");
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}_partition_starts\" SET
+            last_at = last_at - make_interval(secs => $1),
+            rate_log = COALESCE((
+                SELECT jsonb_agg(jsonb_build_array((e ->> 0)::float8 - $1 * 1000, e -> 1))
+                FROM jsonb_array_elements(rate_log) AS e), '[]')",
+        table.as_str()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the partitions' rate logs");
 }
