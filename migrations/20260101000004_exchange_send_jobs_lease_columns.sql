@@ -55,3 +55,18 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_schedules" (
     seen_by  text        NOT NULL,
     PRIMARY KEY (queue, name)
 );
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS partition_rate_starts integer CHECK (partition_rate_starts > 0),
+    ADD COLUMN IF NOT EXISTS partition_rate_per_ms bigint  CHECK (partition_rate_per_ms > 0);
+
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_partition_starts" (
+    queue          text        NOT NULL,
+    partition_key  text        NOT NULL,
+    rate_log       jsonb       NOT NULL DEFAULT '[]',
+    last_at        timestamptz NOT NULL,
+    PRIMARY KEY (queue, partition_key)
+);
+
+CREATE INDEX IF NOT EXISTS "exchange_send_jobs_partition_starts_idx"
+    ON "exchange_send_jobs_partition_starts" (queue, last_at);

@@ -213,9 +213,7 @@ impl QueueLimits {
 
     /// Whether no limit is set.
     pub fn is_none(&self) -> bool {
-        self.max_in_flight.is_none()
-            && self.rate.is_none()
-            && !self.partitioned()
+        self.max_in_flight.is_none() && self.rate.is_none() && !self.partitioned()
     }
 
     /// Whether a limit per partition is set (`max_per_partition` or `rate_per_partition`): the
@@ -259,8 +257,9 @@ impl QueueLimits {
     /// claimed within its window (`u64::MAX` without one): what bounds the takeovers of a
     /// partition's expired leases, which add no job in flight.
     pub fn partition_starts_left(&self, started: u64) -> u64 {
-        self.rate_per_partition
-            .map_or(u64::MAX, |rate| u64::from(rate.starts).saturating_sub(started))
+        self.rate_per_partition.map_or(u64::MAX, |rate| {
+            u64::from(rate.starts).saturating_sub(started)
+        })
     }
 
     /// The limits as a store keeps them (`max_in_flight`, `rate_starts`, `rate_per_ms`,

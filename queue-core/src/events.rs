@@ -346,6 +346,9 @@ pub fn queue_limits_set(queue: &QueueName, limits: &crate::admin::QueueLimits) {
         max_in_flight = limits.max_in_flight,
         rate_starts = limits.rate.map(|r| r.starts()),
         rate_per_ms = limits.rate.map(|r| r.per().as_millis() as u64),
+        max_per_partition = limits.max_per_partition,
+        partition_rate_starts = limits.rate_per_partition.map(|r| r.starts()),
+        partition_rate_per_ms = limits.rate_per_partition.map(|r| r.per().as_millis() as u64),
         "{QUEUE_LIMITS_SET}"
     );
 }

@@ -73,13 +73,16 @@ struct State {
     partition_cursor: HashMap<String, String>,
     /// Each partition's recent claims (when, how many), per queue and key, for the queue's
     /// rate per partition; a claim drops those older than the window of the keys it logs.
-    partition_started: HashMap<(String, String), Vec<(DateTime<Utc>, u64)>>,
+    partition_started: HashMap<(String, String), StartLog>,
     /// The schedules schedulers recorded, per queue and name.
     schedules: BTreeMap<(String, String), crate::admin::ScheduleInfo>,
 }
 
 /// A pending job's place in claim order: due time, priority, id.
 type Due = (DateTime<Utc>, i16, i64);
+
+/// Recent claims (when, how many jobs), for a rate limit.
+type StartLog = Vec<(DateTime<Utc>, u64)>;
 
 impl State {
     fn control(&self, queue: &str) -> crate::admin::QueueControl {
@@ -123,7 +126,10 @@ impl State {
         self.partition_started
             .get(&(queue.to_owned(), key.to_owned()))
             .map_or(0, |log| {
-                log.iter().filter(|(at, _)| *at > since).map(|(_, n)| n).sum()
+                log.iter()
+                    .filter(|(at, _)| *at > since)
+                    .map(|(_, n)| n)
+                    .sum()
             })
     }
 
@@ -188,9 +194,8 @@ impl State {
             .iter()
             .map(|(_, _, id)| self.jobs[id].partition_key.as_deref());
         let held = |key: &str| running.get(key).copied().unwrap_or(0);
-        let room = |key: &str| {
-            limits.partition_room(held(key), self.partition_started(queue, key, now))
-        };
+        let room =
+            |key: &str| limits.partition_room(held(key), self.partition_started(queue, key, now));
         if crate::partition::fits(keys_of, room) {
             return (plain, None);
         }

@@ -263,8 +263,7 @@ mod tests {
         wanted: u32,
         max: usize,
     ) -> PartitionWalk {
-        let mut walk =
-            PartitionWalk::with_max_visits(cursor.map(str::to_owned), wanted, max);
+        let mut walk = PartitionWalk::with_max_visits(cursor.map(str::to_owned), wanted, max);
         let mut probes = 0;
         while let Some(probe) = walk.probe() {
             probes += 1;
@@ -272,9 +271,7 @@ mod tests {
             let next = keys
                 .iter()
                 .find(|(key, _, _)| probe.admits(key))
-                .map(|(key, due, n)| {
-                    (key.to_string(), *due, u64::from(limit).saturating_sub(*n))
-                });
+                .map(|(key, due, n)| (key.to_string(), *due, u64::from(limit).saturating_sub(*n)));
             walk.found(next);
         }
         walk

@@ -3,10 +3,11 @@
 //! inside the path it is mounted under.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use queue_core::{
     Admin, Backend, ClaimRequest, Finalize, FinalizeOutcome, Hooks, JobId, JobStatus, Lease,
-    MemoryBackend, MemoryTx, NewJob, QueueName, ScheduleReport,
+    MemoryBackend, MemoryTx, NewJob, QueueLimits, QueueName, RateLimit, ScheduleReport,
 };
 use queue_dashboard::{Auth, DashboardConfig, router};
 use serde_json::{Value, json};
@@ -173,6 +174,54 @@ async fn pages_escape_what_they_show_and_hide_payloads() {
     assert_eq!(missing.status, 404);
     let bad = request(addr, "GET", "/jobs?queue=has%20space", &[], "").await;
     assert_eq!(bad.status, 400);
+}
+
+/// The overview shows every limit in force on a queue, the rate per partition included, and
+/// nothing when none is.
+#[tokio::test]
+async fn the_overview_shows_every_limit_of_a_queue() {
+    let queue = MemoryBackend::new();
+    let addr = serve(router(queue.clone(), hooks(), DashboardConfig::new())).await;
+    let limits_of = |body: &str| {
+        let at = body.find("data-limits=\"")? + "data-limits=\"".len();
+        Some(body[at..].split('"').next()?.to_owned())
+    };
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(overview.status, 200);
+    assert_eq!(limits_of(&overview.body), None, "{}", overview.body);
+
+    let rate = |starts, secs| RateLimit::new(starts, Duration::from_secs(secs)).unwrap();
+    let all = QueueLimits {
+        max_in_flight: Some(8),
+        rate: Some(rate(100, 60)),
+        max_per_partition: Some(2),
+        rate_per_partition: Some(rate(10, 1)),
+    };
+    queue.set_limits(all).await.unwrap();
+    let overview = request(addr, "GET", "/", &[], "").await;
+    let shown = "at most 8 in flight, 100 starts per 60s, at most 2 in flight per partition, \
+                 10 starts per 1s per partition";
+    assert_eq!(limits_of(&overview.body).as_deref(), Some(shown));
+    assert!(
+        overview.body.contains(&format!("Limits: {shown}</p>")),
+        "{}",
+        overview.body
+    );
+
+    let alone = QueueLimits {
+        rate_per_partition: Some(rate(3, 3600)),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(alone).await.unwrap();
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(
+        limits_of(&overview.body).as_deref(),
+        Some("3 starts per 3600s per partition")
+    );
+
+    queue.set_limits(QueueLimits::NONE).await.unwrap();
+    let overview = request(addr, "GET", "/", &[], "").await;
+    assert_eq!(limits_of(&overview.body), None, "{}", overview.body);
 }
 
 /// The overview, a filtered list and a job's page reload themselves at the same URL (the

@@ -27,8 +27,12 @@ key_logged AS (
         last_at = EXCLUDED.last_at
 ),
 key_pruned AS (
+    -- The age is checked on the row deleted too, not only in the subquery: a row logged since
+    -- this statement's snapshot (a stale statement's) is read again as it is now and kept.
     DELETE FROM "{{table}}_partition_starts" AS s
     WHERE s.queue = $1
+      AND NOT (SELECT bool_or(stale) FROM quota)
+      AND s.last_at < (SELECT now_at - make_interval(secs => key_rate_per_ms / 1000.0) FROM quota)
       AND s.partition_key IN (
           SELECT o.partition_key
           FROM "{{table}}_partition_starts" AS o

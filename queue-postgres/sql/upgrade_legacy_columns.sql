@@ -66,4 +66,21 @@ CREATE TABLE IF NOT EXISTS "{{table}}_schedules" (
     seen_at  timestamptz NOT NULL DEFAULT now(),
     seen_by  text        NOT NULL,
     PRIMARY KEY (queue, name)
-)
+);
+
+-- The partition rates (table migration 20261207000001): the columns, and the partitions' logs
+-- of claims in a table of their own (new and empty, so its index is built at once).
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS partition_rate_starts integer CHECK (partition_rate_starts > 0),
+    ADD COLUMN IF NOT EXISTS partition_rate_per_ms bigint  CHECK (partition_rate_per_ms > 0);
+
+CREATE TABLE IF NOT EXISTS "{{table}}_partition_starts" (
+    queue          text        NOT NULL,
+    partition_key  text        NOT NULL,
+    rate_log       jsonb       NOT NULL DEFAULT '[]',
+    last_at        timestamptz NOT NULL,
+    PRIMARY KEY (queue, partition_key)
+);
+
+CREATE INDEX IF NOT EXISTS "{{table}}_partition_starts_idx"
+    ON "{{table}}_partition_starts" (queue, last_at)

@@ -644,7 +644,7 @@ mod tests {
         let table = TableName::default();
         let fused = squash(&finalize_claim(&table).unwrap());
         assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
-        let (due, picks) = claim_parts(&table, &PLAIN_PICKS).unwrap();
+        let (due, picks) = claim_parts(&table, &PLAIN_PICKS, ALL_CANDIDATES).unwrap();
         assert!(fused.contains(&squash(&shift_params(&due, FINALIZE_PARAMS))));
         assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
         assert!(fused.contains("queue = $11 AND status = 'pending'"));

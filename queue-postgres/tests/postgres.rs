@@ -1940,6 +1940,7 @@ fn worker_processes_never_exceed_the_queue_limit() {
         limits,
         jobs.collect(),
         "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+        3,
     );
     assert_eq!(most, 3, "the limit bound: three ran at once at some point");
 }
@@ -1968,6 +1969,7 @@ fn worker_processes_never_exceed_the_partition_limit() {
              SELECT count(*) AS n FROM queue_jobs
              WHERE status = 'in_flight' AND partition_key IS NOT NULL
              GROUP BY partition_key) AS per_partition",
+        2,
     );
     assert_eq!(
         most, 2,
@@ -1975,22 +1977,58 @@ fn worker_processes_never_exceed_the_partition_limit() {
     );
 }
 
+/// Three worker processes of eight slots each on a queue of four partitions (six jobs each) and
+/// six jobs without one, each partition allowed two claims in any two seconds: every
+/// partition's claims, read from the table all along (`claimed_at`, each job claimed once),
+/// never number more than two within any second, and the rate binds (six jobs of a partition
+/// take at least two windows to start).
+///
+/// `claimed_at` is the claim statement's start, up to its wait for the queue's row earlier than
+/// the instant the rate counts by (after the lock): three claims of one partition within one
+/// second would need a claim that waited a second for the lock, which is why the sample's
+/// window is half the rate's.
+#[test]
+fn worker_processes_never_exceed_the_partition_rate() {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(2, Duration::from_secs(2)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let mut jobs: Vec<NewJob> = (0..6)
+        .map(|n| NewJob::from_value(json!({ "loose": n })))
+        .collect();
+    jobs.extend((0..4).flat_map(|p| {
+        (0..6).map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+    }));
+    let started = std::time::Instant::now();
+    let most = run_limited_workers(
+        limits,
+        jobs,
+        "SELECT COALESCE(max(n), 0) FROM (
+             SELECT count(*) OVER (PARTITION BY partition_key ORDER BY claimed_at
+                                   RANGE BETWEEN interval '999 milliseconds' PRECEDING
+                                   AND CURRENT ROW) AS n
+             FROM queue_jobs
+             WHERE partition_key IS NOT NULL AND claimed_at IS NOT NULL) AS per_second",
+        2,
+    );
+    assert!(most >= 1, "the sampler saw claims");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "the rate bound: six starts of a partition at two per two seconds take two windows"
+    );
+}
+
 /// Sets `limits` on a fresh database's default queue, enqueues `jobs`, and runs three worker
 /// processes of eight slots each (`limited_worker_process`) until every job completed, sampling
-/// `sample` (one number, which must stay within the limit: the caller asserts on the largest)
+/// `sample` (one number, which must stay within `limit`: the caller asserts on the largest)
 /// every 2 ms meanwhile. Returns the largest sample.
 fn run_limited_workers(
     limits: queue_core::QueueLimits,
     jobs: Vec<NewJob>,
     sample: &'static str,
+    limit: i64,
 ) -> i64 {
     use queue_core::Admin;
-    let limit = i64::from(
-        limits
-            .max_per_partition
-            .or(limits.max_in_flight)
-            .expect("a limit to sample"),
-    );
     let total = jobs.len() as i64;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let db = runtime.block_on(TestDb::new());

@@ -6,6 +6,7 @@
 //! Other processes wait for the lock up to the busy timeout. Instants are SQLite's own clock,
 //! `unixepoch('subsec')`, in every statement; the worker's clock never reaches the table.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -243,6 +244,9 @@ struct Sql {
     pause: String,
     control: String,
     set_limits: String,
+    /// Deletes a queue's logs of claims per partition: its rate per partition was removed (a
+    /// rate set later counts from then on).
+    forget_partition_starts: String,
     quota: String,
     /// The partitions' statements (see `queue_core::partition`).
     partitions: PartitionSql,
@@ -258,8 +262,11 @@ struct Sql {
 
 /// The statements of a claim of a queue with a limit per partition, each a bounded read of an
 /// index: the in-flight jobs per partition; a probe for the first partition key in a range
-/// (`[lower][upper]`: with a key strictly below it, with a key it must not pass); a partition's
-/// earliest due jobs; the due jobs without a partition among the queue's earliest; the cursor.
+/// (`[lower][upper]`: with a key strictly below it, with a key it must not pass) with the key's
+/// starts within its rate's window; a partition's earliest due jobs; the due jobs without a
+/// partition among the queue's earliest; the cursor; and, for a rate per partition, the starts
+/// of a list of keys, the log of a claim's starts and the pruning of partitions whose last
+/// claim left the window.
 struct PartitionSql {
     earliest: String,
     held: String,
@@ -267,17 +274,35 @@ struct PartitionSql {
     offers: String,
     loose: String,
     set_cursor: String,
+    started: String,
+    log_starts: String,
+    prune_starts: String,
 }
 
 impl PartitionSql {
     fn new(table: &TableName, t: &str, q: &str, now: &str) -> Self {
-        let probe = |lower: bool, upper: bool| {
+        let s = format!("\"{table}_partition_starts\"");
+        // The starts of the partition `key` (of the queue ?1) within the window of `per_ms`
+        // milliseconds: its row's log, read by primary key. A NULL window (no rate per
+        // partition) counts none.
+        let started_of = |key: &str, per_ms: &str| {
             format!(
-                "SELECT partition_key, next_attempt_at <= {now} AS due
+                "(SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
+                  FROM {s} AS ps, json_each(ps.rate_log) AS e
+                  WHERE ps.queue = ?1 AND ps.partition_key = {key}
+                    AND json_extract(e.value, '$[0]') > {now} * 1000 - {per_ms})"
+            )
+        };
+        let probe = |lower: bool, upper: bool| {
+            // The started column is computed for the one row the probe returns.
+            format!(
+                "SELECT partition_key, next_attempt_at <= {now} AS due,
+                        {} AS started
                  FROM {t} INDEXED BY \"{table}_partition_idx\"
                  WHERE queue = ?1 AND status = 'pending' AND partition_key IS NOT NULL
                    {} {}
                  ORDER BY partition_key, next_attempt_at LIMIT 1",
+                started_of(&format!("{t}.partition_key"), "?4"),
                 if lower { "AND partition_key > ?2" } else { "" },
                 if upper { "AND partition_key <= ?3" } else { "" },
             )
@@ -299,7 +324,7 @@ impl PartitionSql {
                 [probe(true, false), probe(true, true)],
             ],
             offers: format!(
-                "SELECT id, next_attempt_at, priority, reclaims,
+                "SELECT id, next_attempt_at, priority, reclaims, partition_key,
                         cancel_requested_at IS NOT NULL AS cancel_requested
                  FROM {t} INDEXED BY \"{table}_partition_idx\"
                  WHERE queue = ?1 AND status = 'pending' AND partition_key = ?2
@@ -307,7 +332,7 @@ impl PartitionSql {
                  ORDER BY next_attempt_at, priority, id LIMIT ?3"
             ),
             loose: format!(
-                "SELECT id, next_attempt_at, priority, reclaims, cancel_requested FROM (
+                "SELECT id, next_attempt_at, priority, reclaims, partition_key, cancel_requested FROM (
                      SELECT id, next_attempt_at, priority, reclaims, partition_key,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM {t} INDEXED BY \"{table}_due_idx\"
@@ -320,11 +345,47 @@ impl PartitionSql {
                 "UPDATE {q} SET partition_cursor = ?2 WHERE queue = ?1
                    AND partition_cursor IS NOT ?2"
             ),
+            // ?2 the keys (a JSON array of distinct keys), ?3 the window in milliseconds.
+            started: format!(
+                "SELECT k.value AS partition_key, {} AS started FROM json_each(?2) AS k",
+                started_of("k.value", "?3")
+            ),
+            // A claim's starts: ?2 a JSON array of [key, jobs] pairs, ?3 the window in
+            // milliseconds. Each key's log keeps the window's claims and this one. (The WHERE
+            // of the SELECT tells SQLite's parser the ON CONFLICT is the upsert's.)
+            log_starts: format!(
+                "INSERT INTO {s} AS ps (queue, partition_key, rate_log, last_at)
+                 SELECT ?1, k.value ->> '$[0]',
+                        json_array(json_array(round({now} * 1000), k.value ->> '$[1]')), {now}
+                 FROM json_each(?2) AS k WHERE true
+                 ON CONFLICT (queue, partition_key) DO UPDATE
+                 SET rate_log = json_insert(
+                         (SELECT json_group_array(json(e.value)) FROM json_each(ps.rate_log) AS e
+                          WHERE json_extract(e.value, '$[0]') > {now} * 1000 - ?3),
+                         '$[#]', excluded.rate_log -> '$[0]'),
+                     last_at = excluded.last_at"
+            ),
+            // At most ?3 rows of partitions whose last claim is older than the window of ?2
+            // milliseconds (a millisecond's margin: the log's instants are rounded to one), the
+            // oldest first, a range of the index: what keeps the table to about the partitions
+            // claimed within one window, at a bounded cost per claim.
+            prune_starts: format!(
+                "DELETE FROM {s} WHERE rowid IN (
+                     SELECT rowid FROM {s} INDEXED BY \"{table}_partition_starts_idx\"
+                     WHERE queue = ?1 AND last_at < {now} - ?2 / 1000.0 - 0.001
+                     ORDER BY last_at LIMIT ?3)"
+            ),
         }
     }
 }
 
-/// A job a claim may take: its place in claim order, and what the claim reports of it.
+/// How many rows of partitions whose last claim left the window of the queue's rate per
+/// partition a claim deletes at most, or as many as it claimed jobs if more: a claim adds at
+/// most a row per job, so the pruning keeps up, and no claim pays for a large backlog at once.
+const PRUNED_PER_CLAIM: i64 = 100;
+
+/// A job a claim may take: its place in claim order, its partition (for the limits per
+/// partition), and what the claim reports of it.
 #[derive(Debug, Clone)]
 struct Pick {
     due: f64,
@@ -333,6 +394,7 @@ struct Pick {
     reclaims: i64,
     expired: bool,
     cancel_requested: bool,
+    partition_key: Option<String>,
 }
 
 impl Pick {
@@ -346,6 +408,7 @@ impl Pick {
             reclaims: row.try_get("reclaims").map_err(db)?,
             expired,
             cancel_requested: row.try_get("cancel_requested").map_err(db)?,
+            partition_key: row.try_get("partition_key").map_err(db)?,
         })
     }
 
@@ -399,21 +462,21 @@ impl Sql {
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
             pick: format!(
-                "SELECT id, reclaims, expired, cancel_requested,
+                "SELECT id, reclaims, expired, cancel_requested, partition_key,
                         next_attempt_at + 0 AS pick_due, priority + 0 AS pick_priority FROM (
-                     SELECT id, next_attempt_at, priority, reclaims, 0 AS expired,
+                     SELECT id, next_attempt_at, priority, reclaims, partition_key, 0 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_due_idx\"
                            WHERE queue = ?1 AND status = 'pending' AND next_attempt_at <= {now}
                            ORDER BY next_attempt_at, priority, id LIMIT ?3)
                      UNION ALL
-                     SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
+                     SELECT id, next_attempt_at, priority, reclaims, partition_key, 1 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at IS NULL
                            LIMIT ?2)
                      UNION ALL
-                     SELECT id, next_attempt_at, priority, reclaims, 1 AS expired,
+                     SELECT id, next_attempt_at, priority, reclaims, partition_key, 1 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at < {now}
@@ -514,11 +577,12 @@ impl Sql {
                  VALUES (?1, CASE WHEN ?2 THEN {now} END, {now})
                  ON CONFLICT (queue) DO UPDATE
                  SET paused_at = CASE WHEN ?2 THEN coalesce(paused_at, {now}) END, updated_at = {now}
-                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition"
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms,
+                           max_per_partition, partition_rate_starts, partition_rate_per_ms"
             ),
             control: format!(
                 "SELECT paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms,
-                        max_per_partition
+                        max_per_partition, partition_rate_starts, partition_rate_per_ms
                  FROM {q} WHERE queue = ?1"
             ),
             partitions: PartitionSql::new(table, &t, &q, now),
@@ -542,18 +606,24 @@ impl Sql {
             forget_schedule: format!(
                 "DELETE FROM \"{table}_schedules\" WHERE queue = ?1 AND name = ?2"
             ),
+            forget_partition_starts: format!(
+                "DELETE FROM \"{table}_partition_starts\" WHERE queue = ?1"
+            ),
             set_limits: format!(
-                "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, {now})
+                "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
+                                 partition_rate_starts, partition_rate_per_ms, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now})
                  ON CONFLICT (queue) DO UPDATE
                  SET max_in_flight = ?2, rate_starts = ?3, rate_per_ms = ?4, max_per_partition = ?5,
-                     updated_at = {now}
-                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition"
+                     partition_rate_starts = ?6, partition_rate_per_ms = ?7, updated_at = {now}
+                 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms,
+                           max_per_partition, partition_rate_starts, partition_rate_per_ms"
             ),
             // A limited queue's counts, read inside the claim's write transaction: jobs with a
             // live lease, and claims within the rate's window ([epoch ms, jobs] pairs).
             quota: format!(
-                "SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition, partition_cursor,
+                "SELECT max_in_flight, rate_starts, rate_per_ms, max_per_partition, partition_rate_starts,
+                        partition_rate_per_ms, partition_cursor,
                         (SELECT count(*) FROM {t} INDEXED BY \"{table}_expiry_idx\"
                          WHERE queue = ?1 AND status = 'in_flight') AS in_flight,
                         (SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
@@ -562,7 +632,8 @@ impl Sql {
                  FROM {q} AS c
                  WHERE queue = ?1
                    AND (max_in_flight IS NOT NULL OR (rate_starts IS NOT NULL AND rate_per_ms IS NOT NULL)
-                        OR max_per_partition IS NOT NULL)"
+                        OR max_per_partition IS NOT NULL
+                        OR (partition_rate_starts IS NOT NULL AND partition_rate_per_ms IS NOT NULL))"
             ),
             // A rate-limited queue's claim of ?2 jobs: the log keeps the window's claims and
             // this one.
@@ -732,6 +803,8 @@ fn queue_limits(row: &SqliteRow) -> Result<QueueLimits, SqliteError> {
         row.try_get("rate_starts").map_err(db)?,
         row.try_get("rate_per_ms").map_err(db)?,
         row.try_get("max_per_partition").map_err(db)?,
+        row.try_get("partition_rate_starts").map_err(db)?,
+        row.try_get("partition_rate_per_ms").map_err(db)?,
     ))
 }
 
@@ -1069,11 +1142,19 @@ impl SqliteQueue {
             // SQLite sort each pick before merging them instead of sorting the merge once.
             picked.push(Pick::of(row, expired, "pick_due", "pick_priority")?);
         }
-        // With a limit per partition, the earliest due jobs are taken as they are when they fit;
-        // otherwise the partitions take turns (queue_core::partition).
+        // With limits per partition, the earliest due jobs are taken as they are when they fit;
+        // otherwise the partitions take turns (queue_core::partition). A partition's room is
+        // what its limit in flight and its rate leave.
+        let window = limits
+            .rate_per_partition
+            .map(|rate| rate.per().as_millis() as i64);
         let mut walked = None;
-        if let Some(per) = limits.max_per_partition {
-            let held = self.partitions_held(&mut tx).await?;
+        if limits.partitioned() {
+            // Jobs in flight matter only to a limit in flight.
+            let held = match limits.max_per_partition {
+                Some(_) => self.partitions_held(&mut tx).await?,
+                None => HashMap::new(),
+            };
             let in_flight = |key: &str| held.get(key).copied().unwrap_or(0).max(0) as u64;
             let earliest: Vec<Option<String>> =
                 sqlx::query_scalar(AssertSqlSafe(sql.partitions.earliest.as_str()))
@@ -1082,20 +1163,37 @@ impl SqliteQueue {
                     .fetch_all(tx.conn())
                     .await
                     .map_err(|e| self.err(e))?;
+            let started = self
+                .partitions_started(&mut tx, earliest.iter().flatten(), window)
+                .await?;
+            let partition_room = |key: &str| {
+                limits.partition_room(in_flight(key), started.get(key).copied().unwrap_or(0))
+            };
             let keys = earliest.iter().map(Option::as_deref);
-            if !queue_core::partition::fits(per, keys, in_flight) {
+            if !queue_core::partition::fits(keys, partition_room) {
                 picked.retain(|p| p.expired);
-                let (due, walk, offered) = self
-                    .partition_picks(&mut tx, per, room.new, cursor, &in_flight)
+                let (due, walk) = self
+                    .partition_picks(&mut tx, &limits, room.new, cursor, &in_flight)
                     .await?;
                 picked.extend(due);
                 picked.sort_by(Pick::cmp);
                 picked.truncate(room.all as usize);
-                walked = Some((walk, offered));
+                walked = Some(walk);
             }
         }
+        if window.is_some() {
+            // Takeovers are starts too, and add no job in flight: each partition's picks are
+            // kept within the starts its rate leaves, the earliest first.
+            let keys = picked.iter().filter_map(|p| p.partition_key.as_ref());
+            let started = self.partitions_started(&mut tx, keys, window).await?;
+            queue_core::partition::keep_within_starts(
+                &mut picked,
+                |p| p.partition_key.as_deref(),
+                |key| limits.partition_starts_left(started.get(key).copied().unwrap_or(0)),
+            );
+        }
         if picked.is_empty() {
-            if let Some((walk, _)) = &walked {
+            if let Some(walk) = &walked {
                 self.move_cursor(&mut tx, walk, |_| false).await?;
                 tx.commit_now().await?;
             } else {
@@ -1105,8 +1203,7 @@ impl SqliteQueue {
         }
         let order: Vec<i64> = picked.iter().map(|p| p.id).collect();
         let expired: Vec<i64> = picked.iter().filter(|p| p.expired).map(|p| p.id).collect();
-        let flags: std::collections::HashMap<i64, Pick> =
-            picked.iter().map(|p| (p.id, p.clone())).collect();
+        let flags: HashMap<i64, Pick> = picked.iter().map(|p| (p.id, p.clone())).collect();
         let json = |ids: &[i64]| Value::from(ids.to_vec()).to_string();
         let rows = sqlx::query(AssertSqlSafe(sql.claim.as_str()))
             .bind(json(&order))
@@ -1154,61 +1251,65 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
         }
-        if let Some((walk, keys)) = &walked {
-            let taken: std::collections::HashSet<&str> = jobs
+        if let Some(window) = window {
+            self.log_partition_starts(&mut tx, &jobs, &flags, window)
+                .await?;
+        }
+        if let Some(walk) = &walked {
+            // Only the partitions' offers: a takeover is no partition's turn.
+            let taken: HashSet<&str> = jobs
                 .iter()
-                .filter_map(|job| keys.get(&job.id.0).map(String::as_str))
+                .filter(|job| !job.taken_over)
+                .filter_map(|job| flags.get(&job.id.0)?.partition_key.as_deref())
                 .collect();
             self.move_cursor(&mut tx, walk, |key| taken.contains(key))
                 .await?;
         }
         tx.commit_now().await?;
-        let position: std::collections::HashMap<i64, usize> =
+        let position: HashMap<i64, usize> =
             order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         jobs.sort_by_key(|j| position.get(&j.id.0).copied().unwrap_or(usize::MAX));
         Ok(ClaimBatch { jobs })
     }
 
-    /// The due jobs a claim of a queue limited to `per` in flight per partition may take, at
-    /// most `wanted`, in claim order: those without a partition among the queue's earliest, and
-    /// the offers of the partitions a [`PartitionWalk`] visits (`queue_core::partition`); the
-    /// walk, for the cursor; and the partition of each offered job.
+    /// The due jobs a claim of a queue with `limits` per partition may take, at most `wanted`,
+    /// in claim order: those without a partition among the queue's earliest, and the offers of
+    /// the partitions a [`PartitionWalk`] visits (`queue_core::partition`), each partition's
+    /// room what its jobs `in_flight` and its starts within the rate's window leave; and the
+    /// walk, for the cursor.
     async fn partition_picks(
         &self,
         tx: &mut SqliteTx,
-        per: u32,
+        limits: &QueueLimits,
         wanted: u32,
         cursor: Option<String>,
         in_flight: &impl Fn(&str) -> u64,
-    ) -> Result<
-        (
-            Vec<Pick>,
-            PartitionWalk,
-            std::collections::HashMap<i64, String>,
-        ),
-        SqliteError,
-    > {
+    ) -> Result<(Vec<Pick>, PartitionWalk), SqliteError> {
         let sql = &self.inner.sql.partitions;
         let queue = self.queue_str();
-        let mut offered = std::collections::HashMap::new();
+        let window = limits
+            .rate_per_partition
+            .map(|rate| rate.per().as_millis() as i64);
         let mut picks = Vec::new();
-        let mut walk = PartitionWalk::new(cursor, per, wanted);
+        let mut walk = PartitionWalk::new(cursor, wanted);
         if wanted == 0 {
-            return Ok((picks, walk, offered));
+            return Ok((picks, walk));
         }
         while let Some(probe) = walk.probe() {
             let statement =
                 &sql.probe[usize::from(probe.after.is_some())][usize::from(probe.up_to.is_some())];
-            let found: Option<(String, bool)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
-                .bind(queue)
-                .bind(probe.after)
-                .bind(probe.up_to)
-                .fetch_optional(tx.conn())
-                .await
-                .map_err(|e| self.err(e))?;
-            let found = found.map(|(key, due)| {
-                let running = in_flight(&key);
-                (key, due, running)
+            let found: Option<(String, bool, i64)> =
+                sqlx::query_as(AssertSqlSafe(statement.as_str()))
+                    .bind(queue)
+                    .bind(probe.after)
+                    .bind(probe.up_to)
+                    .bind(window)
+                    .fetch_optional(tx.conn())
+                    .await
+                    .map_err(|e| self.err(e))?;
+            let found = found.map(|(key, due, started)| {
+                let room = limits.partition_room(in_flight(&key), started.max(0) as u64);
+                (key, due, room)
             });
             walk.found(found);
         }
@@ -1221,9 +1322,7 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
             for row in &rows {
-                let pick = Pick::of(row, false, "next_attempt_at", "priority")?;
-                offered.insert(pick.id, visit.key.clone());
-                picks.push(pick);
+                picks.push(Pick::of(row, false, "next_attempt_at", "priority")?);
             }
         }
         let read_ahead = queue_core::partition::loose_read_ahead(wanted) as i64;
@@ -1239,14 +1338,14 @@ impl SqliteQueue {
         }
         picks.sort_by(Pick::cmp);
         picks.truncate(wanted as usize);
-        Ok((picks, walk, offered))
+        Ok((picks, walk))
     }
 
     /// The queue's jobs in flight per partition key.
     async fn partitions_held(
         &self,
         tx: &mut SqliteTx,
-    ) -> Result<std::collections::HashMap<String, i64>, SqliteError> {
+    ) -> Result<HashMap<String, i64>, SqliteError> {
         let rows: Vec<(String, i64)> =
             sqlx::query_as(AssertSqlSafe(self.inner.sql.partitions.held.as_str()))
                 .bind(self.queue_str())
@@ -1254,6 +1353,76 @@ impl SqliteQueue {
                 .await
                 .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().collect())
+    }
+
+    /// How many of each partition's jobs (of `keys`) were claimed within the window of the
+    /// queue's rate per partition (`window`, in milliseconds; `None`: no rate, none counted),
+    /// by SQLite's clock: one statement for all the keys.
+    async fn partitions_started<'k>(
+        &self,
+        tx: &mut SqliteTx,
+        keys: impl IntoIterator<Item = &'k String>,
+        window: Option<i64>,
+    ) -> Result<HashMap<String, u64>, SqliteError> {
+        let keys: BTreeSet<&str> = keys.into_iter().map(String::as_str).collect();
+        let Some(window) = window.filter(|_| !keys.is_empty()) else {
+            return Ok(HashMap::new());
+        };
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as(AssertSqlSafe(self.inner.sql.partitions.started.as_str()))
+                .bind(self.queue_str())
+                .bind(Value::from(Vec::from_iter(keys)).to_string())
+                .bind(window)
+                .fetch_all(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, started)| (key, started.max(0) as u64))
+            .collect())
+    }
+
+    /// Logs the starts of a claim of a queue with a rate per partition (`window` milliseconds)
+    /// per partition of the claimed `jobs` (`picks` has their keys), and prunes the queue's
+    /// partitions whose last claim left the window (see [`PRUNED_PER_CLAIM`]).
+    async fn log_partition_starts(
+        &self,
+        tx: &mut SqliteTx,
+        jobs: &[ClaimedJob],
+        picks: &HashMap<i64, Pick>,
+        window: i64,
+    ) -> Result<(), SqliteError> {
+        let sql = &self.inner.sql.partitions;
+        let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+        for job in jobs {
+            if let Some(key) = picks
+                .get(&job.id.0)
+                .and_then(|p| p.partition_key.as_deref())
+            {
+                *counts.entry(key).or_default() += 1;
+            }
+        }
+        if !counts.is_empty() {
+            let pairs: Vec<Value> = counts
+                .into_iter()
+                .map(|(key, n)| serde_json::json!([key, n]))
+                .collect();
+            sqlx::query(AssertSqlSafe(sql.log_starts.as_str()))
+                .bind(self.queue_str())
+                .bind(Value::from(pairs).to_string())
+                .bind(window)
+                .execute(tx.conn())
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        sqlx::query(AssertSqlSafe(sql.prune_starts.as_str()))
+            .bind(self.queue_str())
+            .bind(window)
+            .bind(PRUNED_PER_CLAIM.max(jobs.len() as i64))
+            .execute(tx.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// Stores the queue's partition cursor after a claim whose walk was `walk`.
@@ -1760,12 +1929,27 @@ impl queue_core::Admin for SqliteQueue {
 
     async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {
         limits.check()?;
+        if limits.rate_per_partition.is_none() {
+            sqlx::query(AssertSqlSafe(
+                self.inner.sql.forget_partition_starts.as_str(),
+            ))
+            .bind(self.queue_str())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        }
         let row = sqlx::query(AssertSqlSafe(self.inner.sql.set_limits.as_str()))
             .bind(self.queue_str())
             .bind(limits.max_in_flight.map(i64::from))
             .bind(limits.rate.map(|r| i64::from(r.starts())))
             .bind(limits.rate.map(|r| r.per().as_millis() as i64))
             .bind(limits.max_per_partition.map(i64::from))
+            .bind(limits.rate_per_partition.map(|r| i64::from(r.starts())))
+            .bind(
+                limits
+                    .rate_per_partition
+                    .map(|r| r.per().as_millis() as i64),
+            )
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;

@@ -73,7 +73,7 @@ impl fmt::Display for TableName {
 /// The name of the table in which the framework records its own migrations.
 pub const MIGRATIONS_TABLE: &str = "_queue_framework_migrations";
 
-const TABLE_MIGRATIONS: [(i64, &str, &str); 3] = [
+const TABLE_MIGRATIONS: [(i64, &str, &str); 4] = [
     (
         20261203000001,
         "queue jobs",
@@ -88,6 +88,11 @@ const TABLE_MIGRATIONS: [(i64, &str, &str); 3] = [
         20261206000001,
         "partitions and schedules",
         include_str!("../migrations/20261206000001_partitions_and_schedules.sql"),
+    ),
+    (
+        20261207000001,
+        "partition rates",
+        include_str!("../migrations/20261207000001_partition_rates.sql"),
     ),
 ];
 
@@ -292,6 +297,30 @@ pub(crate) async fn check(
             "the table {table}_schedules (recorded schedules, migration 20261206000001)"
         ));
     }
+    let starts = format!("{table}_partition_starts");
+    let starts_tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
+            .bind(&starts)
+            .fetch_one(pool)
+            .await
+            .map_err(err)?;
+    if starts_tables == 0 {
+        missing.push(format!(
+            "the table {starts} (starts per partition, migration 20261207000001)"
+        ));
+    } else {
+        // The claim prunes the table through it (INDEXED BY): without it, a claim would fail.
+        let starts_indexes: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM pragma_index_list(?1)")
+                .bind(&starts)
+                .fetch_all(pool)
+                .await
+                .map_err(err)?;
+        let index = format!("{starts}_idx");
+        if !starts_indexes.contains(&index) {
+            missing.push(format!("index {index}"));
+        }
+    }
     if controls == 0 {
         missing.push(format!("the table {table}_queues"));
     } else {
@@ -300,7 +329,7 @@ pub(crate) async fn check(
             .fetch_all(pool)
             .await
             .map_err(err)?;
-        let wanted: [(&str, &[&str]); 2] = [
+        let wanted: [(&str, &[&str]); 3] = [
             (
                 "queue limits, migration 20261205000001",
                 &["max_in_flight", "rate_starts", "rate_per_ms", "rate_log"],
@@ -308,6 +337,10 @@ pub(crate) async fn check(
             (
                 "partitions, migration 20261206000001",
                 &["max_per_partition", "partition_cursor"],
+            ),
+            (
+                "rates per partition, migration 20261207000001",
+                &["partition_rate_starts", "partition_rate_per_ms"],
             ),
         ];
         for (what, columns) in wanted {

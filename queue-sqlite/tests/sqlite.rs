@@ -574,6 +574,126 @@ async fn several_pools_migrating_a_new_file_at_once_all_succeed() {
     }
 }
 
+/// A table from before the rates per partition (migration 20261207000001) is refused, naming
+/// what it lacks: the controls' columns, the table of starts per partition, its index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_partition_rates_is_refused_naming_what_it_lacks() {
+    let scratch = Scratch::new("no-partition-rates");
+    let pool = queue_sqlite::open_pool(scratch.db(), &OpenOptions::default())
+        .await
+        .unwrap();
+    queue_sqlite::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE queue_jobs_queues DROP COLUMN partition_rate_per_ms;
+         DROP TABLE queue_jobs_partition_starts;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let refused = SqliteQueue::connect(pool.clone(), SqliteQueueConfig::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("columns partition_rate_per_ms of queue_jobs_queues")
+            && refused.contains("migration 20261207000001"),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains("partition_rate_starts"),
+        "only what is missing: {refused}"
+    );
+    assert!(
+        refused.contains("the table queue_jobs_partition_starts"),
+        "{refused}"
+    );
+    sqlx::raw_sql(
+        "ALTER TABLE queue_jobs_queues ADD COLUMN partition_rate_per_ms INTEGER;
+         CREATE TABLE queue_jobs_partition_starts (
+             queue TEXT NOT NULL, partition_key TEXT NOT NULL,
+             rate_log TEXT NOT NULL DEFAULT '[]', last_at REAL NOT NULL,
+             PRIMARY KEY (queue, partition_key)) STRICT;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let refused = SqliteQueue::connect(pool.clone(), SqliteQueueConfig::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("missing: index queue_jobs_partition_starts_idx."),
+        "the claim prunes through it: {refused}"
+    );
+    pool.close().await;
+}
+
+/// A claim of a queue with a rate per partition logs its starts per partition in its own
+/// transaction, each key's log keeping the window's claims, and deletes the rows of partitions
+/// whose last claim left the window: the table holds about the partitions of one window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_log_the_starts_per_partition_and_prune_those_past_the_window() {
+    let scratch = Scratch::new("partition-starts");
+    let queue = queue_at(&scratch.db(), &OpenOptions::default()).await;
+    let enqueue = |keys: &'static [&'static str]| {
+        let queue = queue.clone();
+        async move {
+            let jobs = keys
+                .iter()
+                .map(|key| NewJob::new(key).unwrap().partition_key(*key))
+                .collect();
+            queue.enqueue_many(jobs).await.unwrap();
+        }
+    };
+    let logs = || async {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT partition_key, (SELECT json_group_array(json_extract(e.value, '$[1]'))
+                                    FROM json_each(rate_log) AS e)
+             FROM queue_jobs_partition_starts WHERE queue = 'default' ORDER BY partition_key",
+        )
+        .fetch_all(queue.pool())
+        .await
+        .unwrap();
+        rows
+    };
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(5, Duration::from_secs(60)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue_core::Admin::set_limits(&queue, limits).await.unwrap();
+    let claim = || queue.claim(ClaimRequest::new(10, Lease::DEFAULT));
+    enqueue(&["a", "b", "a", "c"]).await;
+    assert_eq!(claim().await.unwrap().jobs.len(), 4);
+    enqueue(&["a"]).await;
+    assert_eq!(claim().await.unwrap().jobs.len(), 1);
+    let pairs = |rows: &[(&str, &str)]| -> Vec<(String, String)> {
+        rows.iter()
+            .map(|(k, log)| (k.to_string(), log.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        logs().await,
+        pairs(&[("a", "[2,1]"), ("b", "[1]"), ("c", "[1]")])
+    );
+    // Two minutes on, every partition's last claim has left the window.
+    sqlx::query(
+        "UPDATE queue_jobs_partition_starts SET last_at = last_at - 120, rate_log = (
+             SELECT json_group_array(json_array(json_extract(e.value, '$[0]') - 120000,
+                                                json_extract(e.value, '$[1]')))
+             FROM json_each(queue_jobs_partition_starts.rate_log) AS e)",
+    )
+    .execute(queue.pool())
+    .await
+    .unwrap();
+    enqueue(&["d", "a"]).await;
+    assert_eq!(claim().await.unwrap().jobs.len(), 2);
+    assert_eq!(
+        logs().await,
+        pairs(&[("a", "[1]"), ("d", "[1]")]),
+        "b and c pruned, a's old claims dropped from its log"
+    );
+}
+
 /// A migration that meets another writer's lock past the busy timeout is transient.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_behind_a_held_lock_is_transient() {

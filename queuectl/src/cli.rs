@@ -164,7 +164,8 @@ pub enum QueueCommand {
     },
     /// Set the queue's limits, for every worker of every process: at most so many jobs in
     /// flight, at most so many starts per window, at most so many jobs of one partition in
-    /// flight. What is not given is removed (no option at all: no limits).
+    /// flight, at most so many starts of one partition per window. What is not given is removed
+    /// (no option at all: no limits).
     Limit {
         /// At most this many of the queue's jobs in flight at once.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -176,6 +177,11 @@ pub enum QueueCommand {
         /// partitions take turns. Jobs without a partition key are not limited by it.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_per_partition: Option<u32>,
+        /// At most this many starts of one partition's jobs per window, takeovers of expired
+        /// leases included: STARTS/WINDOW, such as 10/1s; partitions take turns. Jobs without a
+        /// partition key are not limited by it.
+        #[arg(long, value_parser = parse_rate)]
+        rate_per_partition: Option<queue_core::RateLimit>,
     },
 }
 
@@ -425,9 +431,88 @@ mod tests {
                     max_in_flight: None,
                     rate: None,
                     max_per_partition: Some(2),
+                    rate_per_partition: None,
                 })
             ),
             "--max-per-partition alone sets only it"
         );
+    }
+
+    #[test]
+    fn a_rate_per_partition_parses_as_the_rate_does() {
+        let set = Cli::try_parse_from([
+            "queuectl",
+            "queue",
+            "limit",
+            "--rate-per-partition",
+            "10/1s",
+        ])
+        .unwrap();
+        let Command::Queue(QueueCommand::Limit {
+            max_in_flight,
+            rate,
+            max_per_partition,
+            rate_per_partition,
+        }) = set.command
+        else {
+            panic!("not queue limit: {set:?}");
+        };
+        assert_eq!((max_in_flight, rate, max_per_partition), (None, None, None));
+        let rate_per_partition = rate_per_partition.expect("--rate-per-partition is set");
+        assert_eq!(rate_per_partition.starts(), 10);
+        assert_eq!(rate_per_partition.per(), Duration::from_secs(1));
+
+        let both = Cli::try_parse_from([
+            "queuectl",
+            "queue",
+            "limit",
+            "--rate",
+            "100/1m",
+            "--max-per-partition",
+            "1",
+            "--rate-per-partition",
+            "5 / 250ms",
+        ])
+        .unwrap();
+        let Command::Queue(QueueCommand::Limit {
+            rate,
+            max_per_partition,
+            rate_per_partition,
+            ..
+        }) = both.command
+        else {
+            panic!("not queue limit: {both:?}");
+        };
+        assert_eq!(rate.unwrap().per(), Duration::from_secs(60));
+        assert_eq!(max_per_partition, Some(1));
+        let rate_per_partition = rate_per_partition.unwrap();
+        assert_eq!(
+            (rate_per_partition.starts(), rate_per_partition.per()),
+            (5, Duration::from_millis(250))
+        );
+
+        for (bad, why) in [
+            ("0/1s", "starts"),
+            ("5/0s", "window"),
+            ("100001/1s", "starts"),
+            ("5/2d", "window"),
+            ("fast", "STARTS/WINDOW"),
+            ("ten/1s", "starts"),
+            ("5/soon", "try 500ms"),
+        ] {
+            let err =
+                Cli::try_parse_from(["queuectl", "queue", "limit", "--rate-per-partition", bad])
+                    .unwrap_err();
+            let text = err.to_string();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad}: {text}"
+            );
+            assert!(
+                text.contains("--rate-per-partition") && text.contains(bad) && text.contains(why),
+                "{bad}: {text}"
+            );
+        }
     }
 }

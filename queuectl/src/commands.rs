@@ -455,11 +455,13 @@ async fn queue_command(
             max_in_flight,
             rate,
             max_per_partition,
+            rate_per_partition,
         } => {
             let limits = queue_core::QueueLimits {
                 max_in_flight: *max_in_flight,
                 rate: *rate,
                 max_per_partition: *max_per_partition,
+                rate_per_partition: *rate_per_partition,
             };
             let control = queue.set_limits(limits).await?;
             out.done(

@@ -91,16 +91,20 @@ pub(crate) fn control_json(queue: &QueueName, control: &QueueControl) -> Value {
     })
 }
 
-/// A queue's limits as JSON: `max_in_flight`, `rate` as `{starts, per_ms}` and
-/// `max_per_partition` (null: none).
+/// A queue's limits as JSON: `max_in_flight`, `rate` as `{starts, per_ms}`,
+/// `max_per_partition` and `rate_per_partition` as `{starts, per_ms}` (null: none).
 pub(crate) fn limits_json(limits: &queue_core::QueueLimits) -> Value {
-    json!({
-        "max_in_flight": limits.max_in_flight,
-        "rate": limits.rate.map(|rate| json!({
+    let rate_json = |rate: queue_core::RateLimit| {
+        json!({
             "starts": rate.starts(),
             "per_ms": rate.per().as_millis() as u64,
-        })),
+        })
+    };
+    json!({
+        "max_in_flight": limits.max_in_flight,
+        "rate": limits.rate.map(rate_json),
         "max_per_partition": limits.max_per_partition,
+        "rate_per_partition": limits.rate_per_partition.map(rate_json),
     })
 }
 

@@ -350,6 +350,8 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
             "5/1m",
             "--max-per-partition",
             "2",
+            "--rate-per-partition",
+            "10/1s",
         ],
         0,
     );
@@ -357,13 +359,27 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
     assert_eq!(set["limits"]["rate"]["starts"], 5);
     assert_eq!(set["limits"]["rate"]["per_ms"], 60_000);
     assert_eq!(set["limits"]["max_per_partition"], 2);
+    assert_eq!(
+        set["limits"]["rate_per_partition"],
+        json!({ "starts": 10, "per_ms": 1_000 })
+    );
     let status = json_of(&db, &["status"], 0);
     assert_eq!(status["queues"][0]["limits"], set["limits"]);
+    let all_four = "at most 3 in flight, 5 starts per 60s, at most 2 in flight per partition, \
+                    10 starts per 1s per partition";
     let text = ctl(&db).arg("status").output().unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(
-        text.contains("at most 3 in flight, 5 starts per 60s, at most 2 in flight per partition"),
-        "{text}"
+    assert!(text.contains(all_four), "{text}");
+    let said = ctl(&db)
+        .args(["queue", "limit", "--max-in-flight", "3", "--rate", "5/1m"])
+        .args(["--max-per-partition", "2", "--rate-per-partition", "10/1s"])
+        .output()
+        .unwrap();
+    assert_eq!(said.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(said.stdout).unwrap(),
+        format!("queue default: {all_four}\n"),
+        "the command's own line names every limit"
     );
 
     // The partner's two earliest jobs; then the partner is at its limit, and the queue has
@@ -406,6 +422,28 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
         stderr.contains("--max-per-partition") && stderr.contains("'0'"),
         "{stderr}"
     );
+    // A bad rate per partition: exit 2, the option, the value and what is wrong with it.
+    for (bad, why) in [
+        ("0/1s", "0 is outside 1 to 100000"),
+        ("5/0s", "outside 1 ms to a day"),
+        ("garbage", "expected STARTS/WINDOW"),
+        ("5/soon", "try 500ms"),
+    ] {
+        json_of(&db, &["queue", "limit", "--rate-per-partition", bad], 2);
+        let refused = ctl(&db)
+            .args(["queue", "limit", "--max-in-flight", "1"])
+            .args(["--rate-per-partition", bad])
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{bad}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains("--rate-per-partition")
+                && stderr.contains(&format!("'{bad}'"))
+                && stderr.contains(why),
+            "{bad}: {stderr}"
+        );
+    }
     let status = json_of(&db, &["status"], 0);
     assert_eq!(
         status["queues"][0]["limits"], set["limits"],
@@ -416,17 +454,108 @@ async fn queue_limit_sets_shows_and_clears_the_limits() {
     assert_eq!(cleared["limits"]["max_in_flight"], Value::Null);
     assert_eq!(cleared["limits"]["rate"], Value::Null);
     assert_eq!(cleared["limits"]["max_per_partition"], Value::Null);
+    assert_eq!(cleared["limits"]["rate_per_partition"], Value::Null);
     let status = json_of(&db, &["status"], 0);
     assert_eq!(status["queues"][0]["limits"], cleared["limits"]);
     let text = ctl(&db).arg("status").output().unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(!text.contains("in flight"), "limits still shown: {text}");
+    assert!(
+        !text.contains("in flight") && !text.contains("per partition"),
+        "limits still shown: {text}"
+    );
     let rest = queue
         .claim(ClaimRequest::new(10, Lease::DEFAULT))
         .await
         .unwrap()
         .jobs;
     assert_eq!(rest.len(), 3, "no limits: the rest, the partner's too");
+    db.drop_db().await;
+}
+
+/// `queue limit --rate-per-partition` alone replaces the other limits, as every `queue limit`
+/// does; a partition that used its starts waits for its window while jobs without a partition go
+/// on; `queue limit` without options lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_limit_sets_a_rate_per_partition_alone() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    json_of(
+        &db,
+        &[
+            "queue",
+            "limit",
+            "--max-in-flight",
+            "7",
+            "--max-per-partition",
+            "3",
+        ],
+        0,
+    );
+    let mut partner = Vec::new();
+    for n in 0..4 {
+        let job = NewJob::from_value(json!({ "n": n })).partition_key("partner-1");
+        partner.push(queue.enqueue(job).await.unwrap().id);
+    }
+    for n in 4..6 {
+        queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
+    }
+
+    let set = json_of(&db, &["queue", "limit", "--rate-per-partition", "2/1h"], 0);
+    assert_eq!(
+        set["limits"],
+        json!({
+            "max_in_flight": null,
+            "rate": null,
+            "max_per_partition": null,
+            "rate_per_partition": { "starts": 2, "per_ms": 3_600_000 },
+        }),
+        "what is not given is removed"
+    );
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(status["queues"][0]["limits"], set["limits"]);
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("2 starts per 3600s per partition"), "{text}");
+    assert!(
+        !text.contains("in flight"),
+        "only the rate per partition: {text}"
+    );
+
+    // Two of the partner's jobs in the hour, and every job without a partition.
+    let first = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    let partners: Vec<_> = first.iter().filter(|j| partner.contains(&j.id)).collect();
+    assert_eq!(
+        partners.len(),
+        2,
+        "2 starts of the partner per hour: {first:?}"
+    );
+    assert_eq!(first.len(), 4, "jobs without a partition are not limited");
+    for job in &first {
+        let done = queue.finalize(job.claim(), &Finalize::Complete).await;
+        assert_eq!(done.unwrap(), FinalizeOutcome::Applied);
+    }
+    let none = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert!(
+        none.is_empty(),
+        "the partner's starts are used, none in flight: {none:?}"
+    );
+
+    let cleared = json_of(&db, &["queue", "limit"], 0);
+    assert_eq!(cleared["limits"]["rate_per_partition"], Value::Null);
+    let rest = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await
+        .unwrap()
+        .jobs;
+    assert_eq!(rest.len(), 2, "no limit: the partner's other two");
     db.drop_db().await;
 }
 

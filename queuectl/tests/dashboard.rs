@@ -273,6 +273,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
         max_in_flight: Some(4),
         rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
         max_per_partition: Some(1),
+        rate_per_partition: Some(queue_core::RateLimit::new(10, Duration::from_secs(1)).unwrap()),
     };
     let mail = Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap());
     mail.set_limits(mail_limits).await.unwrap();
@@ -307,7 +308,8 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     client.goto(&format!("{base}/")).await.unwrap();
     assert_eq!(
         text(&client, "section[data-queue='mail'] p[data-limits]").await,
-        "Limits: at most 4 in flight, 100 starts per 60s, at most 1 in flight per partition"
+        "Limits: at most 4 in flight, 100 starts per 60s, at most 1 in flight per partition, \
+         10 starts per 1s per partition"
     );
     let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
     let card = "section[data-queue='default']";

@@ -256,6 +256,9 @@ struct Options {
     /// Limit each partition to this many jobs in flight (`QueueLimits::max_per_partition`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     limit_per_partition: Option<u32>,
+    /// Limit each partition's starts: STARTS/MILLISECONDS (`QueueLimits::rate_per_partition`).
+    #[arg(long, value_parser = parse_rate)]
+    limit_rate_per_partition: Option<queue_core::RateLimit>,
     /// Analyze the table after the throughput phase's enqueue (PostgreSQL), as autovacuum would
     /// soon after a bulk load: this machine's server runs without autovacuum, and a claim of
     /// partitions taking turns is planned badly on statistics of an empty table.
@@ -284,6 +287,7 @@ impl Options {
             max_in_flight: self.limit_in_flight,
             rate: self.limit_rate,
             max_per_partition: self.limit_per_partition,
+            rate_per_partition: self.limit_rate_per_partition,
         }
     }
 

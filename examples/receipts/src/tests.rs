@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use queue_core::{
     Backend, BoxError, ClaimRequest, Finalize, FinalizeEvent, FinalizeHook, FinalizeOutcome,
-    JobStatus, Lease, MemoryBackend, MemoryTx, NewJob, QueueName, Worker, WorkerConfig,
+    JobStatus, Lease, MemoryBackend, MemoryTx, NewJob, QueueName, RateLimit, Worker, WorkerConfig,
 };
 use queue_postgres::testing::{ScratchDb, age_rows};
 use queue_postgres::{PgQueue, PgQueueConfig, TableName};
@@ -122,6 +122,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         include_str!("../migrations/20260301000005_receipt_jobs_claim_token.sql"),
         include_str!("../migrations/20260301000006_receipt_jobs_queue_limits.sql"),
         include_str!("../migrations/20260301000007_receipt_jobs_partitions_and_schedules.sql"),
+        include_str!("../migrations/20260301000008_receipt_jobs_partition_rates.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();
@@ -242,6 +243,10 @@ async fn the_mail_servers_limits_hold_for_every_worker() -> Result<(), BoxError>
     let control = crate::limits::apply(&queue).await?;
     assert_eq!(control.limits.max_in_flight, Some(10));
     assert_eq!(control.limits.max_per_partition, Some(2));
+    assert_eq!(
+        control.limits.rate_per_partition,
+        Some(RateLimit::new(30, Duration::from_secs(60))?)
+    );
     let request = || ClaimRequest::new(25, Lease::DEFAULT);
     let (one, other) = (queue.clone(), queue.clone());
     let (a, b) = tokio::join!(one.claim(request()), other.claim(request()));
@@ -250,6 +255,44 @@ async fn the_mail_servers_limits_hold_for_every_worker() -> Result<(), BoxError>
         10,
         "10 at once, however many claim"
     );
+    Ok(())
+}
+
+/// One domain gets 30 receipts a minute however fast they are sent: the 31st waits for the
+/// window to slide, while another domain's receipt goes out at once.
+#[tokio::test]
+async fn a_domain_gets_thirty_receipts_a_minute() -> Result<(), BoxError> {
+    let queue = MemoryBackend::new();
+    crate::limits::apply(&queue).await?;
+    for n in 0..40 {
+        crate::orders::resend_receipt(&queue, n, "buyer@big.example").await?;
+    }
+    let mut sent = 0;
+    loop {
+        let jobs = queue
+            .claim(ClaimRequest::new(10, Lease::DEFAULT))
+            .await?
+            .jobs;
+        if jobs.is_empty() {
+            break;
+        }
+        for job in &jobs {
+            assert!(
+                queue
+                    .finalize(job.claim(), &Finalize::Complete)
+                    .await?
+                    .is_applied()
+            );
+        }
+        sent += jobs.len();
+    }
+    assert_eq!(sent, 30, "a minute's receipts to big.example, and no more");
+    crate::orders::resend_receipt(&queue, 100, "ada@small.example").await?;
+    let other = queue
+        .claim(ClaimRequest::new(10, Lease::DEFAULT))
+        .await?
+        .jobs;
+    assert_eq!(other.len(), 1, "small.example's receipt is not held back");
     Ok(())
 }
 

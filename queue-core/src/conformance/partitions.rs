@@ -29,7 +29,10 @@ fn rate_per_partition(starts: u32, per: Duration) -> QueueLimits {
 }
 
 /// How many of `jobs` are of each partition (`""`: none).
-async fn per_key<B: Backend>(b: &B, jobs: &[ClaimedJob]) -> std::collections::BTreeMap<String, usize> {
+async fn per_key<B: Backend>(
+    b: &B,
+    jobs: &[ClaimedJob],
+) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();
     for key in partitions_of(b, jobs).await {
         *counts.entry(key.unwrap_or_default()).or_default() += 1;
