@@ -60,7 +60,7 @@ ALTER TABLE "exchange_send_jobs_queues"
     ADD COLUMN IF NOT EXISTS partition_rate_starts integer CHECK (partition_rate_starts > 0),
     ADD COLUMN IF NOT EXISTS partition_rate_per_ms bigint  CHECK (partition_rate_per_ms > 0);
 
-CREATE TABLE IF NOT EXISTS "exchange_send_jobs_partition_starts" (
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_starts" (
     queue          text        NOT NULL,
     partition_key  text        NOT NULL,
     rate_log       jsonb       NOT NULL DEFAULT '[]',
@@ -68,5 +68,5 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_partition_starts" (
     PRIMARY KEY (queue, partition_key)
 );
 
-CREATE INDEX IF NOT EXISTS "exchange_send_jobs_partition_starts_idx"
-    ON "exchange_send_jobs_partition_starts" (queue, last_at);
+CREATE INDEX IF NOT EXISTS "exchange_send_jobs_starts_idx"
+    ON "exchange_send_jobs_starts" (queue, last_at);

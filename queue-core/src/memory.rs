@@ -157,6 +157,10 @@ impl State {
             log.retain(|(at, _)| *at > since);
             log.push((now, n));
         }
+        // Partitions whose claims all left the window are forgotten, as the SQL stores prune
+        // their rows (here all at once: the map is in memory).
+        self.partition_started
+            .retain(|(q, _), log| q != queue || log.last().is_some_and(|(at, _)| *at > since));
     }
 }
 
@@ -1215,6 +1219,10 @@ impl crate::admin::Admin for MemoryBackend {
             state.limits.remove(&queue);
         } else {
             state.limits.insert(queue.clone(), limits);
+        }
+        if limits.rate_per_partition.is_none() {
+            // As the SQL stores do: the partitions' logs go with their rate.
+            state.partition_started.retain(|(q, _), _| *q != queue);
         }
         let control = state.control(&queue);
         drop(state);

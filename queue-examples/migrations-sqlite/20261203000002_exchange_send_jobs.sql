@@ -95,7 +95,7 @@ ALTER TABLE "exchange_send_jobs_queues" ADD COLUMN partition_rate_per_ms INTEGER
 -- SQLite's clock. Only the claims of a queue with a rate per partition write here, one row per
 -- partition they take jobs of, and they delete the rows whose last claim left the window
 -- (through the index), so the table holds about the partitions claimed within one window.
-CREATE TABLE IF NOT EXISTS "exchange_send_jobs_partition_starts" (
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_starts" (
     queue         TEXT NOT NULL,
     partition_key TEXT NOT NULL,
     rate_log      TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(rate_log)),
@@ -103,5 +103,5 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_partition_starts" (
     PRIMARY KEY (queue, partition_key)
 ) STRICT;
 
-CREATE INDEX IF NOT EXISTS "exchange_send_jobs_partition_starts_idx"
-    ON "exchange_send_jobs_partition_starts" (queue, last_at);
+CREATE INDEX IF NOT EXISTS "exchange_send_jobs_starts_idx"
+    ON "exchange_send_jobs_starts" (queue, last_at);

@@ -2,7 +2,7 @@
 -- in place of their claim_logged token, last, after their CTEs quota, claimed and
 -- next_cursor): the queue's row counts the claim (claims, the rate's log) and keeps the
 -- partition cursor; with a rate per partition, each partition the claim took jobs of logs them
--- in its row of "{{table}}_partition_starts" (keeping the window's entries), and up to 100 rows
+-- in its row of "{{table}}_starts" (keeping the window's entries), and up to 100 rows
 -- of partitions whose last claim left the window are deleted (never one this claim logs: a row
 -- is written once per statement); the rows returned are the claimed jobs (marker NULL), then a row marked
 -- 'stale' when the statement's snapshot was stale (it claimed nothing: try again, the lock
@@ -15,7 +15,7 @@ key_claims AS (
     GROUP BY c.partition_key
 ),
 key_logged AS (
-    INSERT INTO "{{table}}_partition_starts" AS s (queue, partition_key, rate_log, last_at)
+    INSERT INTO "{{table}}_starts" AS s (queue, partition_key, rate_log, last_at)
     SELECT $1, k.key, jsonb_build_array(jsonb_build_array(q.now_ms, k.jobs)), q.now_at
     FROM key_claims AS k
     CROSS JOIN quota AS q
@@ -29,13 +29,13 @@ key_logged AS (
 key_pruned AS (
     -- The age is checked on the row deleted too, not only in the subquery: a row logged since
     -- this statement's snapshot (a stale statement's) is read again as it is now and kept.
-    DELETE FROM "{{table}}_partition_starts" AS s
+    DELETE FROM "{{table}}_starts" AS s
     WHERE s.queue = $1
       AND NOT (SELECT bool_or(stale) FROM quota)
       AND s.last_at < (SELECT now_at - make_interval(secs => key_rate_per_ms / 1000.0) FROM quota)
       AND s.partition_key IN (
           SELECT o.partition_key
-          FROM "{{table}}_partition_starts" AS o
+          FROM "{{table}}_starts" AS o
           WHERE o.queue = $1
             AND o.last_at < (SELECT now_at - make_interval(secs => key_rate_per_ms / 1000.0)
                              FROM quota)

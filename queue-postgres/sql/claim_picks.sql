@@ -8,15 +8,19 @@
 -- applies; claim_limited.sql's: partitions taking turns, when claim_turns.sql takes them over;
 -- claim_turns.sql's: nothing), and candidates, the due jobs and takeovers to choose from
 -- (claim.sql's: all of them; the limited forms': each partition's earliest within the starts
--- its rate leaves, claim_candidates.sql).
+-- its rate leaves, claim_candidates.sql), claim_now, the claim's instant (claim.sql's: now();
+-- the limited forms': the instant their limits count by, after the queue's lock, so that
+-- claimed_at shows each claim where the rates placed it), and expired_starts, what else keeps
+-- an expired lease from being taken over (the limited forms': its partition has no start left).
 expired AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, true AS expired, partition_key
-    FROM "{{table}}"
+    FROM "{{table}}" AS x
     WHERE queue = $1 AND status = 'in_flight'
       AND (lease_expires_at < now() OR lease_expires_at IS NULL)
       AND (lease_generation = claim_generation
            OR claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $3))
       AND id <> ALL($7::bigint[])
+      {{expired_starts}}
       AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c
                       WHERE c.queue = $1 AND (c.paused_at IS NOT NULL {{limited_guard}}))
     ORDER BY lease_expires_at NULLS FIRST
@@ -38,9 +42,9 @@ written AS (
     SET status = 'in_flight',
         attempts = j.attempts + 1,
         reclaims = j.reclaims + CASE WHEN j.status = 'in_flight' THEN 1 ELSE 0 END,
-        claimed_at = now(),
+        claimed_at = {{claim_now}},
         claimed_by = $5,
-        lease_expires_at = now() + make_interval(secs => $3),
+        lease_expires_at = {{claim_now}} + make_interval(secs => $3),
         lease_generation = j.claim_generation + 1,
         claim_generation = j.claim_generation + 1,
         claim_token = $6,

@@ -8,7 +8,7 @@
 -- partition). Returns the controls after the change. Without a rate per partition, the
 -- partitions' logs of claims are deleted (a rate set later counts from then on).
 WITH forgotten AS (
-    DELETE FROM "{{table}}_partition_starts"
+    DELETE FROM "{{table}}_starts"
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,

@@ -74,7 +74,7 @@ ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS partition_rate_starts integer CHECK (partition_rate_starts > 0),
     ADD COLUMN IF NOT EXISTS partition_rate_per_ms bigint  CHECK (partition_rate_per_ms > 0);
 
-CREATE TABLE IF NOT EXISTS "{{table}}_partition_starts" (
+CREATE TABLE IF NOT EXISTS "{{table}}_starts" (
     queue          text        NOT NULL,
     partition_key  text        NOT NULL,
     rate_log       jsonb       NOT NULL DEFAULT '[]',
@@ -82,5 +82,5 @@ CREATE TABLE IF NOT EXISTS "{{table}}_partition_starts" (
     PRIMARY KEY (queue, partition_key)
 );
 
-CREATE INDEX IF NOT EXISTS "{{table}}_partition_starts_idx"
-    ON "{{table}}_partition_starts" (queue, last_at)
+CREATE INDEX IF NOT EXISTS "{{table}}_starts_idx"
+    ON "{{table}}_starts" (queue, last_at)

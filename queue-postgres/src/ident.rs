@@ -4,13 +4,14 @@ use std::fmt;
 
 use crate::error::PgError;
 
-/// The longest suffix the framework appends to a table name (`_finished_idx`), so that every
-/// derived index name stays within PostgreSQL's 63-byte identifier limit.
-const LONGEST_SUFFIX: usize = "_finished_idx".len();
+/// The longest suffix the framework appends to a table name (`_partition_idx`), so that every
+/// derived name stays within PostgreSQL's 63-byte identifier limit (a longer one is cut, and
+/// the schema check would not find it under its whole name).
+const LONGEST_SUFFIX: usize = "_partition_idx".len();
 const MAX_IDENT: usize = 63;
 
 /// The name of a queue table: lowercase ASCII letters, digits and `_`, starting with a letter or
-/// `_`, at most 50 bytes (so derived index names fit in 63).
+/// `_`, at most 49 bytes (so derived index names fit in 63).
 ///
 /// It is resolved on the connection's `search_path`, like the rest of a service's SQL; to keep
 /// queue tables in another schema, set `search_path` in the pool's connect options. Always
@@ -35,7 +36,7 @@ impl TableName {
         let reason = if name.is_empty() {
             Some("it is empty")
         } else if name.len() > MAX_IDENT - LONGEST_SUFFIX {
-            Some("it is longer than 50 bytes (index names derived from it must fit in 63)")
+            Some("it is longer than 49 bytes (index names derived from it must fit in 63)")
         } else if !name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_') {
             Some("it must start with a lowercase ASCII letter or '_'")
         } else if !name
@@ -125,11 +126,11 @@ mod tests {
             ("1jobs", "start"),
             ("jobs\"; drop table x; --", "only lowercase"),
             ("job-queue", "only lowercase"),
-            (&"j".repeat(51), "50 bytes"),
+            (&"j".repeat(50), "49 bytes"),
         ] {
             let err = TableName::new(bad).unwrap_err();
             assert!(err.to_string().contains(why), "{bad:?}: {err}");
         }
-        assert!(TableName::new("j".repeat(50)).is_ok());
+        assert!(TableName::new("j".repeat(49)).is_ok());
     }
 }

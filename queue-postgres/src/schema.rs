@@ -108,7 +108,7 @@ pub(crate) struct TableFacts {
     pub(crate) controls_columns: Vec<String>,
     /// Whether the recorded schedules' table (`<table>_schedules`) exists.
     pub(crate) has_schedules_table: bool,
-    /// Whether the partitions' start logs table (`<table>_partition_starts`) exists.
+    /// Whether the partitions' start logs table (`<table>_starts`) exists.
     pub(crate) has_partition_starts_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
@@ -189,7 +189,7 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
     }
     if !facts.has_partition_starts_table {
         missing.push(format!(
-            "the table {table}_partition_starts (partition rates, table migration \
+            "the table {table}_starts (partition rates, table migration \
              20261207000001: commit table_migration_sql(table, 20261207000001) as a migration \
              of your own)"
         ));
@@ -228,6 +228,30 @@ mod tests {
         assert!(!ddl.contains("DEFAULT 'default'"), "{ddl}");
         let standard = create_table_sql(&TableName::default());
         assert!(standard.contains("queue            text        NOT NULL DEFAULT 'default',"));
+    }
+
+    /// Every relation a migration creates for the longest table name keeps its whole name:
+    /// PostgreSQL cuts identifiers at 63 bytes, and a cut index name can equal a table's (then
+    /// `CREATE INDEX IF NOT EXISTS` skips the index, with a notice only).
+    #[test]
+    fn every_name_a_migration_derives_from_the_longest_table_fits() {
+        let table = TableName::new("t".repeat(49)).unwrap();
+        for version in table_migration_versions() {
+            let sql = table_migration_sql(&table, version).unwrap();
+            for name in sql.split('"').skip(1).step_by(2) {
+                assert!(
+                    name.len() <= 63,
+                    "{name} ({} bytes) in {version}",
+                    name.len()
+                );
+            }
+        }
+        let upgrade = crate::LegacyUpgrade::new(table.clone(), queue_core::QueueName::default());
+        for file in upgrade.migration_files().unwrap() {
+            for name in file.sql.split('"').skip(1).step_by(2) {
+                assert!(name.len() <= 63, "{name} ({} bytes)", name.len());
+            }
+        }
     }
 
     #[test]

@@ -271,6 +271,8 @@ struct Picks<'a> {
     guard: &'a str,
     /// What else keeps the takeovers of expired leases from the claim.
     expired_guard: &'a str,
+    /// The claim's instant: `claimed_at`, and the lease counts from it.
+    claim_now: &'a str,
 }
 
 /// The picks of `claim.sql` and `finalize_claim.sql`: `$2` of each, and no limited queue.
@@ -279,6 +281,7 @@ const PLAIN_PICKS: Picks<'static> = Picks {
     batch: "$2",
     guard: LIMITED_GUARD,
     expired_guard: LIMITED_GUARD,
+    claim_now: "now()",
 };
 
 /// The candidates of `claim.sql`'s picks: every due job and takeover.
@@ -292,17 +295,32 @@ fn key_started(table: &TableName, key: &str) -> Result<String, PgError> {
 /// The candidates of the limited claims' picks (`claim_candidates.sql`): within each
 /// partition's starts.
 fn limited_candidates(table: &TableName) -> Result<String, PgError> {
-    let started = key_started(table, "u.partition_key")?;
+    let started = key_started(table, "k.key")?;
     for_table_with(CLAIM_CANDIDATES, table, &[("key_started", &started)])
 }
 
+/// The takeovers a limited claim leaves out before it counts them: those of a partition whose
+/// rate per partition has no start left, so that they do not fill a batch only to be dropped
+/// (`claim_candidates.sql` keeps the rest within each partition's starts).
+fn expired_starts(table: &TableName) -> Result<String, PgError> {
+    let started = key_started(table, "x.partition_key")?;
+    Ok(format!(
+        "AND (x.partition_key IS NULL OR (SELECT key_rate_starts FROM quota) IS NULL \
+         OR (SELECT key_rate_starts FROM quota) - {started} > 0)"
+    ))
+}
+
 /// `claim_due.sql` and `claim_picks.sql` for `table`, rendered for `picks`, choosing among
-/// `candidates`.
+/// `candidates` (`None`: all, no partition's rate applies).
 fn claim_parts(
     table: &TableName,
     picks: &Picks<'_>,
-    candidates: &str,
+    candidates: Option<&str>,
 ) -> Result<(String, String), PgError> {
+    let (candidates, expired) = match candidates {
+        Some(candidates) => (candidates.to_owned(), expired_starts(table)?),
+        None => (ALL_CANDIDATES.to_owned(), String::new()),
+    };
     let due = for_table_with(
         CLAIM_DUE,
         table,
@@ -317,7 +335,9 @@ fn claim_parts(
         &[
             ("batch", picks.batch),
             ("limited_guard", picks.expired_guard),
-            ("candidates", candidates),
+            ("candidates", &candidates),
+            ("expired_starts", &expired),
+            ("claim_now", picks.claim_now),
         ],
     )?;
     Ok((due, rest))
@@ -325,7 +345,7 @@ fn claim_parts(
 
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &PLAIN_PICKS, ALL_CANDIDATES)?;
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS, None)?;
     for_table_with(
         CLAIM,
         table,
@@ -339,6 +359,7 @@ const QUOTA_PICKS: Picks<'static> = Picks {
     batch: "(SELECT all_jobs FROM quota)",
     guard: "",
     expired_guard: "",
+    claim_now: "(SELECT now_at FROM quota)",
 };
 
 /// The picks of `claim_limited.sql`: [`QUOTA_PICKS`], but no takeover either when the
@@ -352,7 +373,7 @@ const LIMITED_PICKS: Picks<'static> = Picks {
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &LIMITED_PICKS, &limited_candidates(table)?)?;
+    let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
     let quota = for_table(CLAIM_QUOTA, table)?;
     let started = key_started(table, "k.key")?;
     let logged = for_table_with(
@@ -375,7 +396,7 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
-    let (_, picks) = claim_parts(table, &QUOTA_PICKS, &limited_candidates(table)?)?;
+    let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
     let quota = for_table(CLAIM_QUOTA, table)?;
     let started = key_started(table, "f.partition_key")?;
     let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
@@ -403,7 +424,7 @@ pub(crate) const FINALIZE_PARAMS: usize = 10;
 /// `claim_picks.sql` with their parameters numbered after finalize's.
 pub(crate) fn finalize_claim(table: &TableName) -> Result<String, PgError> {
     let finalize = for_table(FINALIZE, table)?;
-    let (due, picks) = claim_parts(table, &PLAIN_PICKS, ALL_CANDIDATES)?;
+    let (due, picks) = claim_parts(table, &PLAIN_PICKS, None)?;
     let due = shift_params(&due, FINALIZE_PARAMS);
     let picks = shift_params(&picks, FINALIZE_PARAMS);
     for_table_with(
@@ -644,7 +665,7 @@ mod tests {
         let table = TableName::default();
         let fused = squash(&finalize_claim(&table).unwrap());
         assert!(fused.contains(&squash(&queue_jobs(FINALIZE))));
-        let (due, picks) = claim_parts(&table, &PLAIN_PICKS, ALL_CANDIDATES).unwrap();
+        let (due, picks) = claim_parts(&table, &PLAIN_PICKS, None).unwrap();
         assert!(fused.contains(&squash(&shift_params(&due, FINALIZE_PARAMS))));
         assert!(fused.contains(&squash(&shift_params(&picks, FINALIZE_PARAMS))));
         assert!(fused.contains("queue = $11 AND status = 'pending'"));

@@ -421,7 +421,7 @@ pub(crate) async fn table_facts<D: Driver>(
         Some(row) => get::<D, bool>(row, "present")?,
         None => false,
     };
-    let starts = format!("\"{table}_partition_starts\"");
+    let starts = format!("\"{table}_starts\"");
     let rows = D::query(
         D::reborrow(&mut conn),
         &text(sql::TABLE_EXISTS)?,

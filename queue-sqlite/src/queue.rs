@@ -279,20 +279,22 @@ struct PartitionSql {
     prune_starts: String,
 }
 
+/// The starts of the partition `key` (an SQL expression; of the queue ?1) within the window of
+/// `per_ms` milliseconds, by the clock `now`: its row's log in `<table>_starts`, read by primary
+/// key. A NULL window (no rate per partition) counts none.
+fn started_of(table: &TableName, now: &str, key: &str, per_ms: &str) -> String {
+    format!(
+        "(SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
+          FROM \"{table}_starts\" AS ps, json_each(ps.rate_log) AS e
+          WHERE ps.queue = ?1 AND ps.partition_key = {key}
+            AND json_extract(e.value, '$[0]') > {now} * 1000 - {per_ms})"
+    )
+}
+
 impl PartitionSql {
     fn new(table: &TableName, t: &str, q: &str, now: &str) -> Self {
-        let s = format!("\"{table}_partition_starts\"");
-        // The starts of the partition `key` (of the queue ?1) within the window of `per_ms`
-        // milliseconds: its row's log, read by primary key. A NULL window (no rate per
-        // partition) counts none.
-        let started_of = |key: &str, per_ms: &str| {
-            format!(
-                "(SELECT coalesce(sum(json_extract(e.value, '$[1]')), 0)
-                  FROM {s} AS ps, json_each(ps.rate_log) AS e
-                  WHERE ps.queue = ?1 AND ps.partition_key = {key}
-                    AND json_extract(e.value, '$[0]') > {now} * 1000 - {per_ms})"
-            )
-        };
+        let s = format!("\"{table}_starts\"");
+        let started_of = |key: &str, per_ms: &str| started_of(table, now, key, per_ms);
         let probe = |lower: bool, upper: bool| {
             // The started column is computed for the one row the probe returns.
             format!(
@@ -371,7 +373,7 @@ impl PartitionSql {
             // claimed within one window, at a bounded cost per claim.
             prune_starts: format!(
                 "DELETE FROM {s} WHERE rowid IN (
-                     SELECT rowid FROM {s} INDEXED BY \"{table}_partition_starts_idx\"
+                     SELECT rowid FROM {s} INDEXED BY \"{table}_starts_idx\"
                      WHERE queue = ?1 AND last_at < {now} - ?2 / 1000.0 - 0.001
                      ORDER BY last_at LIMIT ?3)"
             ),
@@ -431,6 +433,11 @@ impl Sql {
         let q = format!("\"{table}_queues\"");
         let cols = select_columns();
         let now = "unixepoch('subsec')";
+        // Qualified: inside the read of the log, a bare partition_key is the log's.
+        let within_starts = format!(
+            "(?4 IS NULL OR {t}.partition_key IS NULL OR {} < ?4)",
+            started_of(table, now, &format!("{t}.partition_key"), "?5")
+        );
         Sql {
             insert: format!(
                 "INSERT INTO {t} (queue, payload, priority, next_attempt_at, unique_key, partition_key,
@@ -461,6 +468,9 @@ impl Sql {
             // The three picks, each an ordered scan of a bounded range of its partial index that
             // stops after the batch (due rows; in-flight rows without a stored lease; in-flight
             // rows whose lease has passed), merged in claim order. A paused queue gives nothing.
+            // With a rate per partition (?4 its starts, ?5 its window in milliseconds), a
+            // partition with no start left has no takeover: they would fill the batch only to be
+            // dropped by the claim's count of each partition's starts.
             pick: format!(
                 "SELECT id, reclaims, expired, cancel_requested, partition_key,
                         next_attempt_at + 0 AS pick_due, priority + 0 AS pick_priority FROM (
@@ -474,12 +484,14 @@ impl Sql {
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at IS NULL
+                             AND {within_starts}
                            LIMIT ?2)
                      UNION ALL
                      SELECT id, next_attempt_at, priority, reclaims, partition_key, 1 AS expired,
                             cancel_requested_at IS NOT NULL AS cancel_requested
                      FROM (SELECT * FROM {t} INDEXED BY \"{table}_expiry_idx\"
                            WHERE queue = ?1 AND status = 'in_flight' AND lease_expires_at < {now}
+                             AND {within_starts}
                            ORDER BY lease_expires_at LIMIT ?2)
                  )
                  WHERE NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ?1 AND paused_at IS NOT NULL)
@@ -607,7 +619,7 @@ impl Sql {
                 "DELETE FROM \"{table}_schedules\" WHERE queue = ?1 AND name = ?2"
             ),
             forget_partition_starts: format!(
-                "DELETE FROM \"{table}_partition_starts\" WHERE queue = ?1"
+                "DELETE FROM \"{table}_starts\" WHERE queue = ?1"
             ),
             set_limits: format!(
                 "INSERT INTO {q} (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
@@ -1132,6 +1144,16 @@ impl SqliteQueue {
             .bind(self.queue_str())
             .bind(i64::from(room.all))
             .bind(i64::from(room.new))
+            .bind(
+                limits
+                    .rate_per_partition
+                    .map(|rate| i64::from(rate.starts())),
+            )
+            .bind(
+                limits
+                    .rate_per_partition
+                    .map(|rate| rate.per().as_millis() as i64),
+            )
             .fetch_all(tx.conn())
             .await
             .map_err(|e| self.err(e))?;
@@ -1177,7 +1199,6 @@ impl SqliteQueue {
                     .await?;
                 picked.extend(due);
                 picked.sort_by(Pick::cmp);
-                picked.truncate(room.all as usize);
                 walked = Some(walk);
             }
         }
@@ -1192,6 +1213,8 @@ impl SqliteQueue {
                 |key| limits.partition_starts_left(started.get(key).copied().unwrap_or(0)),
             );
         }
+        // Cut to the batch after each partition kept within its starts, as every store does.
+        picked.truncate(room.all as usize);
         if picked.is_empty() {
             if let Some(walk) = &walked {
                 self.move_cursor(&mut tx, walk, |_| false).await?;

@@ -297,7 +297,7 @@ pub(crate) async fn check(
             "the table {table}_schedules (recorded schedules, migration 20261206000001)"
         ));
     }
-    let starts = format!("{table}_partition_starts");
+    let starts = format!("{table}_starts");
     let starts_tables: i64 =
         sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
             .bind(&starts)

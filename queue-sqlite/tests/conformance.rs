@@ -68,10 +68,10 @@ impl Harness for Sqlite {
         .expect("age the rate logs");
         // And the partitions' logs, with the last claim each logged.
         sqlx::query(
-            "UPDATE queue_jobs_partition_starts SET last_at = last_at - ?1, rate_log = (
+            "UPDATE queue_jobs_starts SET last_at = last_at - ?1, rate_log = (
                  SELECT json_group_array(json_array(json_extract(e.value, '$[0]') - ?1 * 1000,
                                                     json_extract(e.value, '$[1]')))
-                 FROM json_each(queue_jobs_partition_starts.rate_log) AS e)",
+                 FROM json_each(queue_jobs_starts.rate_log) AS e)",
         )
         .bind(by.as_secs_f64())
         .execute(self.queue.pool())

@@ -585,7 +585,7 @@ async fn a_table_without_the_partition_rates_is_refused_naming_what_it_lacks() {
     queue_sqlite::migrate(&pool).await.unwrap();
     sqlx::raw_sql(
         "ALTER TABLE queue_jobs_queues DROP COLUMN partition_rate_per_ms;
-         DROP TABLE queue_jobs_partition_starts;",
+         DROP TABLE queue_jobs_starts;",
     )
     .execute(&pool)
     .await
@@ -603,13 +603,10 @@ async fn a_table_without_the_partition_rates_is_refused_naming_what_it_lacks() {
         !refused.contains("partition_rate_starts"),
         "only what is missing: {refused}"
     );
-    assert!(
-        refused.contains("the table queue_jobs_partition_starts"),
-        "{refused}"
-    );
+    assert!(refused.contains("the table queue_jobs_starts"), "{refused}");
     sqlx::raw_sql(
         "ALTER TABLE queue_jobs_queues ADD COLUMN partition_rate_per_ms INTEGER;
-         CREATE TABLE queue_jobs_partition_starts (
+         CREATE TABLE queue_jobs_starts (
              queue TEXT NOT NULL, partition_key TEXT NOT NULL,
              rate_log TEXT NOT NULL DEFAULT '[]', last_at REAL NOT NULL,
              PRIMARY KEY (queue, partition_key)) STRICT;",
@@ -622,7 +619,7 @@ async fn a_table_without_the_partition_rates_is_refused_naming_what_it_lacks() {
         .unwrap_err()
         .to_string();
     assert!(
-        refused.contains("missing: index queue_jobs_partition_starts_idx."),
+        refused.contains("missing: index queue_jobs_starts_idx."),
         "the claim prunes through it: {refused}"
     );
     pool.close().await;
@@ -649,7 +646,7 @@ async fn claims_log_the_starts_per_partition_and_prune_those_past_the_window() {
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT partition_key, (SELECT json_group_array(json_extract(e.value, '$[1]'))
                                     FROM json_each(rate_log) AS e)
-             FROM queue_jobs_partition_starts WHERE queue = 'default' ORDER BY partition_key",
+             FROM queue_jobs_starts WHERE queue = 'default' ORDER BY partition_key",
         )
         .fetch_all(queue.pool())
         .await
@@ -677,10 +674,10 @@ async fn claims_log_the_starts_per_partition_and_prune_those_past_the_window() {
     );
     // Two minutes on, every partition's last claim has left the window.
     sqlx::query(
-        "UPDATE queue_jobs_partition_starts SET last_at = last_at - 120, rate_log = (
+        "UPDATE queue_jobs_starts SET last_at = last_at - 120, rate_log = (
              SELECT json_group_array(json_array(json_extract(e.value, '$[0]') - 120000,
                                                 json_extract(e.value, '$[1]')))
-             FROM json_each(queue_jobs_partition_starts.rate_log) AS e)",
+             FROM json_each(queue_jobs_starts.rate_log) AS e)",
     )
     .execute(queue.pool())
     .await

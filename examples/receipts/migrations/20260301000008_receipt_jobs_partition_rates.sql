@@ -10,7 +10,7 @@ ALTER TABLE "receipt_jobs_queues"
 -- the claims of a queue with a rate per partition write here, one row per partition they take
 -- jobs of, and they delete the rows whose last claim left the window (through the index), so
 -- the table holds about the partitions claimed within one window.
-CREATE TABLE IF NOT EXISTS "receipt_jobs_partition_starts" (
+CREATE TABLE IF NOT EXISTS "receipt_jobs_starts" (
     queue          text        NOT NULL,
     partition_key  text        NOT NULL,
     rate_log       jsonb       NOT NULL DEFAULT '[]',
@@ -18,5 +18,5 @@ CREATE TABLE IF NOT EXISTS "receipt_jobs_partition_starts" (
     PRIMARY KEY (queue, partition_key)
 );
 
-CREATE INDEX IF NOT EXISTS "receipt_jobs_partition_starts_idx"
-    ON "receipt_jobs_partition_starts" (queue, last_at);
+CREATE INDEX IF NOT EXISTS "receipt_jobs_starts_idx"
+    ON "receipt_jobs_starts" (queue, last_at);

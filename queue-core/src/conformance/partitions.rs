@@ -383,6 +383,32 @@ cases! {
         assert_eq!(b.counts().await.unwrap().in_flight, 2);
     }
 
+    /// A partition with no start left does not hold back other partitions' takeovers: its own
+    /// expired leases, however many and however early, are passed over, not counted into the
+    /// batch and then dropped.
+    pub async fn takeovers_pass_a_partition_out_of_starts<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let minute = crate::types::Lease::from_secs(60).unwrap();
+        let two = crate::types::Lease::from_secs(120).unwrap();
+        let p = enqueue_in(b, Some("p"), 3).await;
+        let r = enqueue_in(b, Some("r"), 1).await;
+        // Claimed before the rate was set: none of these starts is counted.
+        let first = b.claim(crate::types::ClaimRequest::new(3, minute)).await.unwrap().jobs;
+        assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), p);
+        let later = b.claim(crate::types::ClaimRequest::new(1, two)).await.unwrap().jobs;
+        assert_eq!(later.iter().map(|j| j.id).collect::<Vec<_>>(), r);
+        b.set_limits(rate_per_partition(1, Duration::from_secs(3600))).await.unwrap();
+        h.advance_clock(Duration::from_secs(61)).await;
+        let retaken = b.claim(crate::types::ClaimRequest::new(10, minute)).await.unwrap().jobs;
+        let taken: Vec<(JobId, bool)> = retaken.iter().map(|j| (j.id, j.taken_over)).collect();
+        assert_eq!(taken, [(p[0], true)], "p's one start of the hour");
+        h.advance_clock(Duration::from_secs(61)).await;
+        // Every lease has passed; p's three expired first, but p has no start left.
+        let next = b.claim(crate::types::ClaimRequest::new(1, minute)).await.unwrap().jobs;
+        let taken: Vec<(JobId, bool)> = next.iter().map(|j| (j.id, j.taken_over)).collect();
+        assert_eq!(taken, [(r[0], true)], "r's takeover is not held back by p's");
+    }
+
     /// A rate per partition and a limit in flight per partition together: a partition takes
     /// what both leave.
     pub async fn the_partition_rate_holds_beside_the_partition_limit<H: Harness>(h: Arc<H>) {

@@ -274,7 +274,7 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .await
     .expect("age the queues' rate logs");
     sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{}_partition_starts\" SET
+        "UPDATE \"{}_starts\" SET
             last_at = last_at - make_interval(secs => $1),
             rate_log = COALESCE((
                 SELECT jsonb_agg(jsonb_build_array((e ->> 0)::float8 - $1 * 1000, e -> 1))
