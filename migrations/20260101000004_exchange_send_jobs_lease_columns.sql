@@ -66,7 +66,4 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_starts" (
     rate_log       jsonb       NOT NULL DEFAULT '[]',
     last_at        timestamptz NOT NULL,
     PRIMARY KEY (queue, partition_key)
-);
-
-CREATE INDEX IF NOT EXISTS "exchange_send_jobs_starts_idx"
-    ON "exchange_send_jobs_starts" (queue, last_at);
+) WITH (fillfactor = 50);

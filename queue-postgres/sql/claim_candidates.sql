@@ -2,15 +2,17 @@
 -- candidates token, for claim_limited.sql and claim_turns.sql): the due jobs and the takeovers
 -- of expired leases, each partition's earliest in claim order within the starts its rate per
 -- partition leaves (quota.key_rate_starts less its claims within the window, read once per
--- partition): a takeover is a start too. Without a rate per partition, all of them (no
--- partition is read). Parameters as claim.sql's.
+-- partition): a takeover is a start too. Only partitions with a takeover are read: the due
+-- jobs alone are within their partitions' starts already (claim_limited.sql's pick is taken
+-- only when it is; claim_turns.sql offers each partition up to its room). Without a rate per
+-- partition, all of them (no partition is read). Parameters as claim.sql's.
 (SELECT u.id, u.next_attempt_at, u.priority, u.reclaims, u.expired, u.partition_key
  FROM (SELECT c.*, row_number() OVER (PARTITION BY c.partition_key
                                       ORDER BY c.next_attempt_at, c.priority, c.id) AS nth
        FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c) AS u
  LEFT JOIN (SELECT k.key, (SELECT key_rate_starts FROM quota) - {{key_started}} AS starts_left
             FROM (SELECT DISTINCT partition_key AS key
-                  FROM (SELECT partition_key FROM due UNION ALL SELECT partition_key FROM expired) AS p
+                  FROM expired AS p
                   WHERE p.partition_key IS NOT NULL
                     AND (SELECT key_rate_starts FROM quota) IS NOT NULL) AS k) AS l
         ON l.key = u.partition_key

@@ -2,9 +2,9 @@
 -- in place of their claim_logged token, last, after their CTEs quota, claimed and
 -- next_cursor): the queue's row counts the claim (claims, the rate's log) and keeps the
 -- partition cursor; with a rate per partition, each partition the claim took jobs of logs them
--- in its row of "{{table}}_starts" (keeping the window's entries), and up to 100 rows
--- of partitions whose last claim left the window are deleted (never one this claim logs: a row
--- is written once per statement); the rows returned are the claimed jobs (marker NULL), then a row marked
+-- in its row of "{{table}}_starts" (keeping the window's entries), and every 64th claim deletes
+-- up to 100 rows of partitions whose last claim left the window (never one this claim logs: a
+-- row is written once per statement); the rows returned are the claimed jobs (marker NULL), then a row marked
 -- 'stale' when the statement's snapshot was stale (it claimed nothing: try again, the lock
 -- first), and a row marked 'turns' when {{turns}} holds (claim_limited.sql: its pick would put
 -- a partition over its limit, so it claimed nothing; claim_turns.sql claims instead).
@@ -27,11 +27,15 @@ key_logged AS (
         last_at = EXCLUDED.last_at
 ),
 key_pruned AS (
-    -- The age is checked on the row deleted too, not only in the subquery: a row logged since
-    -- this statement's snapshot (a stale statement's) is read again as it is now and kept.
+    -- Every 64th limited claim of the queue (by its claims counter), so that the read of the
+    -- queue's rows here (by primary key, no index of last_at: that would take the rewrites of
+    -- key_logged off the heap-only path) is paid once in many claims. The age is checked on
+    -- the row deleted too, not only in the subquery: a row logged since this statement's
+    -- snapshot (a stale statement's) is read again as it is now and kept.
     DELETE FROM "{{table}}_starts" AS s
     WHERE s.queue = $1
       AND NOT (SELECT bool_or(stale) FROM quota)
+      AND (SELECT claims FROM control) % 64 = 0
       AND s.last_at < (SELECT now_at - make_interval(secs => key_rate_per_ms / 1000.0) FROM quota)
       AND s.partition_key IN (
           SELECT o.partition_key
@@ -40,7 +44,6 @@ key_pruned AS (
             AND o.last_at < (SELECT now_at - make_interval(secs => key_rate_per_ms / 1000.0)
                              FROM quota)
             AND o.partition_key NOT IN (SELECT key FROM key_claims)
-          ORDER BY o.last_at
           LIMIT 100)
 ),
 logged AS (

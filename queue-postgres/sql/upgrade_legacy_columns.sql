@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS "{{table}}_schedules" (
 );
 
 -- The partition rates (table migration 20261207000001): the columns, and the partitions' logs
--- of claims in a table of their own (new and empty, so its index is built at once).
+-- of claims in a table of their own.
 ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS partition_rate_starts integer CHECK (partition_rate_starts > 0),
     ADD COLUMN IF NOT EXISTS partition_rate_per_ms bigint  CHECK (partition_rate_per_ms > 0);
@@ -80,7 +80,4 @@ CREATE TABLE IF NOT EXISTS "{{table}}_starts" (
     rate_log       jsonb       NOT NULL DEFAULT '[]',
     last_at        timestamptz NOT NULL,
     PRIMARY KEY (queue, partition_key)
-);
-
-CREATE INDEX IF NOT EXISTS "{{table}}_starts_idx"
-    ON "{{table}}_starts" (queue, last_at)
+) WITH (fillfactor = 50)

@@ -8,15 +8,14 @@ ALTER TABLE "receipt_jobs_queues"
 -- Each partition's recent claims, for its rate: rate_log holds [epoch milliseconds, jobs] pairs
 -- within the window, as the queue's own rate_log does; last_at is the last claim logged. Only
 -- the claims of a queue with a rate per partition write here, one row per partition they take
--- jobs of, and they delete the rows whose last claim left the window (through the index), so
--- the table holds about the partitions claimed within one window.
+-- jobs of; every 64th of them deletes up to 100 rows whose last claim left the window, so the
+-- table holds about the partitions claimed within one window. Its rows are rewritten by every
+-- claim of their partition: no index but the primary key and half-full pages, so that each
+-- rewrite is a heap-only update, pruned within its page without a vacuum.
 CREATE TABLE IF NOT EXISTS "receipt_jobs_starts" (
     queue          text        NOT NULL,
     partition_key  text        NOT NULL,
     rate_log       jsonb       NOT NULL DEFAULT '[]',
     last_at        timestamptz NOT NULL,
     PRIMARY KEY (queue, partition_key)
-);
-
-CREATE INDEX IF NOT EXISTS "receipt_jobs_starts_idx"
-    ON "receipt_jobs_starts" (queue, last_at);
+) WITH (fillfactor = 50);
