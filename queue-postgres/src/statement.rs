@@ -357,6 +357,19 @@ pub(crate) async fn notify<D: Driver>(
 
 /// `table_columns.sql`, `table_indexes.sql` and `table_id_sequence.sql`: what the schema check
 /// judges.
+/// `table_exists.sql` (rendered as `exists`): whether the relation `quoted` is on the search path.
+async fn relation_exists<D: Driver>(
+    conn: D::Conn<'_>,
+    exists: &str,
+    quoted: &str,
+) -> Result<bool, PgError> {
+    let rows = D::query(conn, exists, &(quoted,)).await?;
+    match rows.first() {
+        Some(row) => get::<D, bool>(row, "present"),
+        None => Ok(false),
+    }
+}
+
 pub(crate) async fn table_facts<D: Driver>(
     mut conn: D::Conn<'_>,
     table: &TableName,
@@ -400,38 +413,15 @@ pub(crate) async fn table_facts<D: Driver>(
         false
     };
     let controls = table.controls_quoted();
-    let rows = D::query(
-        D::reborrow(&mut conn),
-        &text(sql::TABLE_EXISTS)?,
-        &(controls.as_str(),),
-    )
-    .await?;
-    let has_controls_table = match rows.first() {
-        Some(row) => get::<D, bool>(row, "present")?,
-        None => false,
-    };
+    let exists = sql::for_table(sql::TABLE_EXISTS, table)?;
+    let has_controls_table =
+        relation_exists::<D>(D::reborrow(&mut conn), &exists, &controls).await?;
     let schedules = format!("\"{table}_schedules\"");
-    let rows = D::query(
-        D::reborrow(&mut conn),
-        &text(sql::TABLE_EXISTS)?,
-        &(schedules.as_str(),),
-    )
-    .await?;
-    let has_schedules_table = match rows.first() {
-        Some(row) => get::<D, bool>(row, "present")?,
-        None => false,
-    };
+    let has_schedules_table =
+        relation_exists::<D>(D::reborrow(&mut conn), &exists, &schedules).await?;
     let starts = format!("\"{table}_starts\"");
-    let rows = D::query(
-        D::reborrow(&mut conn),
-        &text(sql::TABLE_EXISTS)?,
-        &(starts.as_str(),),
-    )
-    .await?;
-    let has_partition_starts_table = match rows.first() {
-        Some(row) => get::<D, bool>(row, "present")?,
-        None => false,
-    };
+    let has_partition_starts_table =
+        relation_exists::<D>(D::reborrow(&mut conn), &exists, &starts).await?;
     let controls_columns = if has_controls_table {
         D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
             .await?
