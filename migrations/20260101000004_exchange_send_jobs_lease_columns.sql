@@ -67,3 +67,15 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_starts" (
     last_at        timestamptz NOT NULL,
     PRIMARY KEY (queue, partition_key)
 ) WITH (fillfactor = 50);
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS partition_tally jsonb;
+
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_claim_starts" (
+    queue  text     NOT NULL,
+    claim  bigint   NOT NULL,
+    at_ms  float8   NOT NULL,
+    keys   text[]   NOT NULL,
+    jobs   bigint[] NOT NULL,
+    PRIMARY KEY (queue, claim)
+);

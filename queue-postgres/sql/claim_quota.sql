@@ -3,19 +3,29 @@
 -- Parameters as claim.sql's. CTEs: control, the queue's controls row, locked (FOR UPDATE, which
 -- returns the row as the last claim to hold it committed it); seen, the same row as this
 -- statement's snapshot has it; quota: whether the snapshot is stale (a limited claim committed
--- after it), how many new jobs and how many jobs in all the claim may take (0 when stale),
--- the queue's max_per_partition and its partition cursor, whether any limit per partition is
--- set (partitioned), the rate per partition (key_rate_starts and key_rate_per_ms, both NULL
--- without one), and the time the claim counts by (now_at, and now_ms in epoch milliseconds:
--- clock_timestamp once the lock is held, one instant for the whole statement); held, with
--- max_per_partition, the
+-- after it), how many new jobs and how many jobs in all the claim may take (0 when stale or
+-- when it must fold first), the queue's max_per_partition and its partition cursor, whether
+-- the partitions are counted one by one (partitioned), the rate per partition as the claim
+-- applies it (key_rate_starts and key_rate_per_ms: NULL without one, and NULL while the
+-- queue's tally leaves room for the whole claim, unbound: then no partition can go over its
+-- rate and none is read), its window whenever the queue has one (tally_per_ms), whether claims
+-- made while unbound must be folded into the partitions' logs before this one counts them
+-- (must_fold: the statement then claims nothing and says so; fold_starts.sql folds), and the
+-- time the claim counts by (now_at, and now_ms in epoch milliseconds: clock_timestamp once
+-- the lock is held, one instant for the whole statement); held, with max_per_partition, the
 -- queue's jobs in flight per partition key (every in-flight row counts, as for max_in_flight),
 -- one read of the in-flight rows made a jsonb object, read by key in O(log n) (claim_turns.sql
 -- reads it; claim_limited.sql counts its picks another way, and an unread CTE never runs).
+--
+-- The tally (partition_tally, table migration 20261208000001) counts the queue's partitioned
+-- jobs claimed in fixed windows of the rate's length: any sliding window lies within the
+-- current one and the one before, so their sum bounds every partition's starts within it, once
+-- the tally has counted for a whole window (since). A backward step of the clock, or another
+-- window length, makes the tally start again (not unbound for a window).
 control AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.max_per_partition, c.partition_cursor, c.partition_rate_starts,
-           c.partition_rate_per_ms
+           c.partition_rate_per_ms, c.partition_tally
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
     FOR UPDATE
@@ -25,7 +35,7 @@ seen AS MATERIALIZED (
 ),
 quota AS MATERIALIZED (
     SELECT c.claims IS DISTINCT FROM (SELECT claims FROM seen) AS stale,
-           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold THEN 0
            -- Without max_in_flight, no count: NULL minus a subquery still runs the subquery.
            WHEN c.max_in_flight IS NULL THEN r.room
            ELSE LEAST(GREATEST(0, c.max_in_flight - (
@@ -33,21 +43,48 @@ quota AS MATERIALIZED (
                     WHERE j.queue = $1 AND j.status = 'in_flight')),
                     r.room)
            END AS new_jobs,
-           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) THEN 0
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold THEN 0
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
            c.partition_cursor AS cursor_key,
-           (c.max_per_partition IS NOT NULL OR k.per_ms IS NOT NULL) AS partitioned,
-           CASE WHEN k.per_ms IS NOT NULL THEN c.partition_rate_starts END AS key_rate_starts,
-           k.per_ms AS key_rate_per_ms,
+           (c.max_per_partition IS NOT NULL OR (k.per_ms IS NOT NULL AND NOT g.unbound))
+               AS partitioned,
+           CASE WHEN NOT g.unbound THEN c.partition_rate_starts END AS key_rate_starts,
+           CASE WHEN NOT g.unbound THEN k.per_ms END AS key_rate_per_ms,
+           k.per_ms AS tally_per_ms,
+           g.unbound,
+           f.must_fold,
            t.now_at,
-           extract(epoch FROM t.now_at)::float8 * 1000 AS now_ms
+           t.now_ms
     FROM control AS c
-    CROSS JOIN LATERAL (SELECT clock_timestamp() AS now_at) AS t
+    CROSS JOIN LATERAL (
+        SELECT x.at AS now_at, extract(epoch FROM x.at)::float8 * 1000 AS now_ms
+        FROM (SELECT clock_timestamp() AS at) AS x
+    ) AS t
     CROSS JOIN LATERAL (
         SELECT CASE WHEN c.partition_rate_starts IS NOT NULL THEN c.partition_rate_per_ms END
                AS per_ms
     ) AS k
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(
+                   k.per_ms IS NOT NULL
+                   AND (c.partition_tally ->> 'per_ms')::bigint = k.per_ms
+                   AND (c.partition_tally ->> 'since')::float8 <= t.now_ms - k.per_ms
+                   AND a.ahead >= 0
+                   AND CASE a.ahead
+                           WHEN 0 THEN (c.partition_tally ->> 'jobs')::bigint
+                                       + (c.partition_tally ->> 'before')::bigint
+                           WHEN 1 THEN (c.partition_tally ->> 'jobs')::bigint
+                           ELSE 0 END + $2::bigint <= c.partition_rate_starts,
+                   false) AS unbound
+        FROM (SELECT floor(t.now_ms / k.per_ms)::bigint
+                     - (c.partition_tally ->> 'bucket')::bigint AS ahead) AS a
+    ) AS g
+    CROSS JOIN LATERAL (
+        SELECT k.per_ms IS NOT NULL AND NOT g.unbound
+               AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
+               AS must_fold
+    ) AS f
     CROSS JOIN LATERAL (
         SELECT CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN $2::bigint
                ELSE GREATEST(0, LEAST($2::bigint, c.rate_starts - (
@@ -59,7 +96,8 @@ quota AS MATERIALIZED (
     ) AS r
     UNION ALL
     SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text, false, NULL::integer,
-           NULL::bigint, clock_timestamp(), extract(epoch FROM clock_timestamp())::float8 * 1000
+           NULL::bigint, NULL::bigint, false, false, clock_timestamp(),
+           extract(epoch FROM clock_timestamp())::float8 * 1000
     WHERE NOT EXISTS (SELECT 1 FROM control)
 ),
 held AS MATERIALIZED (

@@ -6,9 +6,14 @@
 -- rate_per_ms (int8; both NULL: no rate); $5 max_per_partition (int4, NULL: none); $6
 -- partition_rate_starts (int4) and $7 partition_rate_per_ms (int8; both NULL: no rate per
 -- partition). Returns the controls after the change. Without a rate per partition, the
--- partitions' logs of claims are deleted (a rate set later counts from then on).
+-- partitions' logs of claims are deleted (a rate set later counts from then on), with the
+-- claims not yet folded into them and the queue's tally (claim_quota.sql).
 WITH forgotten AS (
     DELETE FROM "{{table}}_starts"
+    WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
+),
+forgotten_claims AS (
+    DELETE FROM "{{table}}_claim_starts"
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
@@ -21,6 +26,9 @@ SET max_in_flight = EXCLUDED.max_in_flight,
     max_per_partition = EXCLUDED.max_per_partition,
     partition_rate_starts = EXCLUDED.partition_rate_starts,
     partition_rate_per_ms = EXCLUDED.partition_rate_per_ms,
+    partition_tally = CASE WHEN EXCLUDED.partition_rate_starts IS NULL
+                                OR EXCLUDED.partition_rate_per_ms IS NULL
+                           THEN NULL ELSE c.partition_tally END,
     updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
           partition_rate_starts, partition_rate_per_ms

@@ -80,4 +80,18 @@ CREATE TABLE IF NOT EXISTS "{{table}}_starts" (
     rate_log       jsonb       NOT NULL DEFAULT '[]',
     last_at        timestamptz NOT NULL,
     PRIMARY KEY (queue, partition_key)
-) WITH (fillfactor = 50)
+) WITH (fillfactor = 50);
+
+-- The tally of the rate per partition (table migration 20261208000001): a column, and the
+-- claims not yet folded into the partitions' logs in a table of their own.
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS partition_tally jsonb;
+
+CREATE TABLE IF NOT EXISTS "{{table}}_claim_starts" (
+    queue  text     NOT NULL,
+    claim  bigint   NOT NULL,
+    at_ms  float8   NOT NULL,
+    keys   text[]   NOT NULL,
+    jobs   bigint[] NOT NULL,
+    PRIMARY KEY (queue, claim)
+)

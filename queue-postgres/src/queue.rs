@@ -285,11 +285,14 @@ impl<D: Driver> PostgresQueue<D> {
     /// claim of the queue committed after a statement's snapshot (it waited for that claim's
     /// lock), its counts are stale and it claims nothing: then the lock first and the
     /// statements after it, in one transaction, so that the counts are read after the lock.
+    /// The same path when the claims made while the rate per partition could not bind must be
+    /// folded into the partitions' logs first (`fold_starts.sql`, after the lock).
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
         let mut jobs = Vec::new();
         let mut form = LimitedForm::Pick;
+        let mut fold = false;
         {
             let mut conn = D::acquire(&inner.pool).await?;
             loop {
@@ -303,7 +306,8 @@ impl<D: Driver> PostgresQueue<D> {
                 )
                 .await?;
                 jobs.extend(claim.jobs);
-                if claim.stale {
+                if claim.stale || claim.fold {
+                    fold = claim.fold;
                     break;
                 }
                 if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
@@ -314,12 +318,24 @@ impl<D: Driver> PostgresQueue<D> {
         }
         let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        if fold {
+            statement::fold_starts::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        }
+        let mut folded = fold;
         loop {
             let rest = rest_of(request, jobs.len());
             let claim =
                 statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, &rest, form)
                     .await?;
             jobs.extend(claim.jobs);
+            // A claim that came here stale may find it must fold first; once folded under the
+            // lock nothing is left to fold (a second request would be a defect, and claiming
+            // nothing the safe answer to it).
+            if claim.fold && !folded {
+                statement::fold_starts::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+                folded = true;
+                continue;
+            }
             if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
                 break;
             }

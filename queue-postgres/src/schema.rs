@@ -81,7 +81,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 9] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 10] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -91,6 +91,7 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 9] = [
     ("partition_cursor", 20261206000001, "partitions"),
     ("partition_rate_starts", 20261207000001, "partition rates"),
     ("partition_rate_per_ms", 20261207000001, "partition rates"),
+    ("partition_tally", 20261208000001, "partition rate tally"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -110,6 +111,9 @@ pub(crate) struct TableFacts {
     pub(crate) has_schedules_table: bool,
     /// Whether the partitions' start logs table (`<table>_starts`) exists.
     pub(crate) has_partition_starts_table: bool,
+    /// Whether the table of claims not yet folded into those logs (`<table>_claim_starts`)
+    /// exists.
+    pub(crate) has_claim_starts_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -194,6 +198,13 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
              of your own)"
         ));
     }
+    if !facts.has_claim_starts_table {
+        missing.push(format!(
+            "the table {table}_claim_starts (partition rate tally, table migration \
+             20261208000001: commit table_migration_sql(table, 20261208000001) as a migration \
+             of your own)"
+        ));
+    }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
     }
@@ -273,7 +284,8 @@ mod tests {
                 20261204000001,
                 20261205000001,
                 20261206000001,
-                20261207000001
+                20261207000001,
+                20261208000001
             ]
         );
     }
@@ -294,6 +306,7 @@ mod tests {
             controls_columns: vec![],
             has_schedules_table: false,
             has_partition_starts_table: false,
+            has_claim_starts_table: false,
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();

@@ -42,6 +42,7 @@ pub(crate) const CLAIM_WALK_ROOM: Template = template!("claim_walk_room.sql");
 pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
 pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
+pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const SET_LIMITS: Template = template!("set_limits.sql");
 pub(crate) const FINALIZE_CLAIM: Template = template!("finalize_claim.sql");
 pub(crate) const FINALIZE: Template = template!("finalize.sql");
@@ -82,7 +83,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 7] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 8] = [
     (
         20261130000001,
         "queue jobs",
@@ -137,6 +138,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 7] = [
         Template {
             name: "20261207000001_partition_rates.sql",
             text: include_str!("../migrations/20261207000001_partition_rates.sql"),
+        },
+    ),
+    (
+        20261208000001,
+        "partition rate tally",
+        Template {
+            name: "20261208000001_partition_rate_tally.sql",
+            text: include_str!("../migrations/20261208000001_partition_rate_tally.sql"),
         },
     ),
 ];
@@ -508,6 +517,7 @@ pub(crate) struct Sql {
     pub(crate) claim_limited: Arc<str>,
     pub(crate) claim_turns: Arc<str>,
     pub(crate) lock_queue: Arc<str>,
+    pub(crate) fold_starts: Arc<str>,
     pub(crate) set_limits: Arc<str>,
     pub(crate) finalize: Arc<str>,
     pub(crate) finalize_claim: Arc<str>,
@@ -545,6 +555,7 @@ impl Sql {
             claim_limited: claim_limited(table)?.into(),
             claim_turns: claim_turns(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
+            fold_starts: r(FOLD_STARTS)?,
             set_limits: r(SET_LIMITS)?,
             finalize: r(FINALIZE)?,
             finalize_claim: finalize_claim(table)?.into(),

@@ -422,6 +422,9 @@ pub(crate) async fn table_facts<D: Driver>(
     let starts = format!("\"{table}_starts\"");
     let has_partition_starts_table =
         relation_exists::<D>(D::reborrow(&mut conn), &exists, &starts).await?;
+    let claim_starts = format!("\"{table}_claim_starts\"");
+    let has_claim_starts_table =
+        relation_exists::<D>(D::reborrow(&mut conn), &exists, &claim_starts).await?;
     let controls_columns = if has_controls_table {
         D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
             .await?
@@ -439,6 +442,7 @@ pub(crate) async fn table_facts<D: Driver>(
         controls_columns,
         has_schedules_table,
         has_partition_starts_table,
+        has_claim_starts_table,
         id_has_sequence,
     })
 }
@@ -635,6 +639,17 @@ pub(crate) async fn lock_queue<D: Driver>(
     }
 }
 
+/// `fold_starts.sql`: moves the claims the queue made while its tally left room for whole
+/// claims into its partitions' logs, in the transaction of [`lock_queue`], after it.
+pub(crate) async fn fold_starts<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<(), PgError> {
+    D::execute(conn, &sql.fold_starts, &(queue.as_str(),)).await?;
+    Ok(())
+}
+
 /// Which statement claims from a queue with limits: `claim_limited.sql`, or `claim_turns.sql`
 /// for a queue whose partitions take turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -653,6 +668,10 @@ pub(crate) struct LimitedClaim {
     /// Its pick would have put a partition over its limit: it took no pending job, and
     /// `claim_turns.sql` should claim the rest of the batch.
     pub(crate) turns: bool,
+    /// Claims made while the queue's tally left room for whole claims are not yet in its
+    /// partitions' logs, and this claim counts per partition: it claimed nothing; run
+    /// [`fold_starts`] after [`lock_queue`], then claim again in that transaction.
+    pub(crate) fold: bool,
 }
 
 /// `claim_limited.sql` or `claim_turns.sql`.
@@ -675,6 +694,7 @@ pub(crate) async fn claim_limited<D: Driver>(
         match get::<D, Option<String>>(row, "marker")?.as_deref() {
             None => claim.jobs.push(claimed_job::<D>(row)?),
             Some("stale") => claim.stale = true,
+            Some("fold") => claim.fold = true,
             Some(_) => claim.turns = true,
         }
     }

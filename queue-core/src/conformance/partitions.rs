@@ -464,4 +464,66 @@ cases! {
             "an hour's starts of each partition, and no more"
         );
     }
+
+    /// Claims made while the whole queue is far under its rate per partition still count
+    /// against each partition once it nears the rate (a store may skip the count per partition
+    /// while no partition can reach the rate, never the starts themselves).
+    pub async fn starts_far_under_the_partition_rate_still_count<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        let a = enqueue_in(b, Some("a"), 6).await;
+        let other = enqueue_in(b, Some("b"), 2).await;
+        b.set_limits(rate_per_partition(4, Duration::from_secs(60))).await.unwrap();
+        let ids = |jobs: &[ClaimedJob]| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+        let first = claim(b, 1).await.jobs;
+        assert_eq!(ids(&first), [a[0]]);
+        complete(b, &first).await;
+        // A quiet minute: the queue made one start in the last two.
+        h.advance_clock(Duration::from_secs(61)).await;
+        for expected in &a[1..5] {
+            let jobs = claim(b, 1).await.jobs;
+            assert_eq!(ids(&jobs), [*expected], "a's starts 1 to 4 of this minute");
+            complete(b, &jobs).await;
+        }
+        let next = claim(b, 1).await.jobs;
+        assert_eq!(ids(&next), [other[0]], "a has no start left this minute");
+        complete(b, &next).await;
+        let rest = claim(b, 10).await.jobs;
+        assert_eq!(ids(&rest), [other[1]], "nor for a claim of many");
+        complete(b, &rest).await;
+        h.advance_clock(Duration::from_secs(61)).await;
+        assert_eq!(ids(&claim(b, 10).await.jobs), [a[5]], "the window slid");
+    }
+
+    /// Sixteen claimers at once after a quiet window, against a rate per partition that the
+    /// first claims cannot reach and the later ones can: each partition's starts are exactly
+    /// its rate, however the claims before and after the rate came near were counted.
+    pub async fn concurrent_claimers_after_a_quiet_window_never_exceed_the_partition_rate<H: Harness>(h: Arc<H>) {
+        let b = h.backend().clone();
+        for key in ["p0", "p1", "p2", "p3"] {
+            enqueue_in(&b, Some(key), 20).await;
+        }
+        b.set_limits(rate_per_partition(6, Duration::from_secs(60))).await.unwrap();
+        let first = claim(&b, 1).await.jobs;
+        complete(&b, &first).await;
+        h.advance_clock(Duration::from_secs(61)).await;
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let b = b.clone();
+            claimers.spawn(async move {
+                let mut got = Vec::new();
+                for _ in 0..4 {
+                    let jobs = claim(&b, 2).await.jobs;
+                    complete(&b, &jobs).await;
+                    got.extend(jobs);
+                }
+                got
+            });
+        }
+        let claimed: Vec<ClaimedJob> = claimers.join_all().await.into_iter().flatten().collect();
+        assert_eq!(
+            per_key(&b, &claimed).await,
+            counts([("p0", 6), ("p1", 6), ("p2", 6), ("p3", 6)]),
+            "a minute's starts of each partition, and no more"
+        );
+    }
 }

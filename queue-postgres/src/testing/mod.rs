@@ -285,4 +285,27 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .execute(pool)
     .await
     .expect("age the partitions' rate logs");
+    // The claims not yet folded into those logs age with them. The tally's windows are fixed
+    // (numbered floor(ms / per_ms)): each moves back by the whole windows in `by`, so a window
+    // cut in two by the shift is counted in the later one, which only makes the bound larger.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}_claim_starts\" SET at_ms = at_ms - $1 * 1000",
+        table.as_str()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the claims not yet folded");
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET partition_tally = partition_tally || jsonb_build_object(
+             'since', (partition_tally ->> 'since')::float8 - $1 * 1000,
+             'bucket', (partition_tally ->> 'bucket')::bigint
+                       - floor($1 * 1000 / (partition_tally ->> 'per_ms')::float8)::bigint)
+         WHERE partition_tally IS NOT NULL",
+        table.controls_quoted()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the queues' tallies");
 }
