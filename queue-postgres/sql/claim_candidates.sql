@@ -5,8 +5,13 @@
 -- partition): a takeover is a start too. Only partitions with a takeover are read: the due
 -- jobs alone are within their partitions' starts already (claim_limited.sql's pick is taken
 -- only when it is; claim_turns.sql offers each partition up to its room). Without a rate per
--- partition, all of them (no partition is read). Parameters as claim.sql's.
-(SELECT u.id, u.next_attempt_at, u.priority, u.reclaims, u.expired, u.partition_key
+-- partition, all of them, neither numbered nor read (nor while the queue's tally leaves room
+-- for the whole claim: quota.key_rate_starts is NULL then). Parameters as claim.sql's.
+(SELECT * FROM due WHERE (SELECT key_rate_starts FROM quota) IS NULL
+ UNION ALL
+ SELECT * FROM expired WHERE (SELECT key_rate_starts FROM quota) IS NULL
+ UNION ALL
+ SELECT u.id, u.next_attempt_at, u.priority, u.reclaims, u.expired, u.partition_key
  FROM (SELECT c.*, row_number() OVER (PARTITION BY c.partition_key
                                       ORDER BY c.next_attempt_at, c.priority, c.id) AS nth
        FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c) AS u
@@ -16,4 +21,5 @@
                   WHERE p.partition_key IS NOT NULL
                     AND (SELECT key_rate_starts FROM quota) IS NOT NULL) AS k) AS l
         ON l.key = u.partition_key
- WHERE l.key IS NULL OR u.nth <= l.starts_left) AS candidates
+ WHERE (SELECT key_rate_starts FROM quota) IS NOT NULL
+   AND (l.key IS NULL OR u.nth <= l.starts_left)) AS candidates

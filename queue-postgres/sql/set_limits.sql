@@ -7,7 +7,10 @@
 -- partition_rate_starts (int4) and $7 partition_rate_per_ms (int8; both NULL: no rate per
 -- partition). Returns the controls after the change. Without a rate per partition, the
 -- partitions' logs of claims are deleted (a rate set later counts from then on), with the
--- claims not yet folded into them and the queue's tally (claim_quota.sql).
+-- claims not yet folded into them and the queue's tally (claim_quota.sql). A rate per partition
+-- set where there was none starts its tally complete and empty (no claim before it counts);
+-- a change of its starts keeps the tally, and a change of its window makes the next claim start
+-- it again.
 WITH forgotten AS (
     DELETE FROM "{{table}}_starts"
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
@@ -17,8 +20,14 @@ forgotten_claims AS (
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
-                                     partition_rate_starts, partition_rate_per_ms)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+                                     partition_rate_starts, partition_rate_per_ms, partition_tally)
+VALUES ($1, $2, $3, $4, $5, $6, $7,
+        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
+             THEN jsonb_build_object(
+                      'per_ms', $7::bigint, 'since', 0,
+                      'bucket', floor(extract(epoch FROM clock_timestamp())::float8 * 1000 / $7::bigint)::bigint,
+                      'jobs', 0, 'before', 0)
+        END)
 ON CONFLICT (queue) DO UPDATE
 SET max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,
@@ -26,9 +35,10 @@ SET max_in_flight = EXCLUDED.max_in_flight,
     max_per_partition = EXCLUDED.max_per_partition,
     partition_rate_starts = EXCLUDED.partition_rate_starts,
     partition_rate_per_ms = EXCLUDED.partition_rate_per_ms,
-    partition_tally = CASE WHEN EXCLUDED.partition_rate_starts IS NULL
-                                OR EXCLUDED.partition_rate_per_ms IS NULL
-                           THEN NULL ELSE c.partition_tally END,
+    partition_tally = CASE WHEN c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL
+                           THEN EXCLUDED.partition_tally
+                           WHEN EXCLUDED.partition_tally IS NULL THEN NULL
+                           ELSE c.partition_tally END,
     updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
           partition_rate_starts, partition_rate_per_ms

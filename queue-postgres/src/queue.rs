@@ -292,8 +292,7 @@ impl<D: Driver> PostgresQueue<D> {
         let queue = &inner.config.queue;
         let mut jobs = Vec::new();
         let mut form = LimitedForm::Pick;
-        let mut fold = false;
-        {
+        let fold = {
             let mut conn = D::acquire(&inner.pool).await?;
             loop {
                 let rest = rest_of(request, jobs.len());
@@ -307,15 +306,14 @@ impl<D: Driver> PostgresQueue<D> {
                 .await?;
                 jobs.extend(claim.jobs);
                 if claim.stale || claim.fold {
-                    fold = claim.fold;
-                    break;
+                    break claim.fold;
                 }
                 if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
                     return Ok(ClaimBatch { jobs });
                 }
                 form = LimitedForm::Turns;
             }
-        }
+        };
         let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
         if fold {

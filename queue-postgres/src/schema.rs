@@ -329,5 +329,9 @@ mod tests {
             ) && text.contains("20261205000001"),
             "{text}"
         );
+        assert!(
+            text.contains("the table queue_jobs_claim_starts") && text.contains("20261208000001"),
+            "{text}"
+        );
     }
 }

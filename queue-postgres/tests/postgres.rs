@@ -2015,6 +2015,42 @@ fn worker_processes_never_exceed_the_partition_rate() {
     );
 }
 
+/// The same with a rate the first claims cannot reach (sixteen claims of a partition in any
+/// two seconds, two partitions of forty jobs, each worker asking for at most eight): the queue's
+/// first claims count no partition (its tally leaves room for them), the later ones fold those
+/// into the partitions' logs and count per partition, all across three processes; no
+/// partition ever has more than sixteen claims within two seconds, and the rate binds.
+#[test]
+fn worker_processes_never_exceed_the_partition_rate_from_far_under_it() {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(16, Duration::from_secs(2)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs: Vec<NewJob> = (0..2)
+        .flat_map(|p| {
+            (0..40)
+                .map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let most = run_limited_workers(
+        limits,
+        jobs,
+        "SELECT COALESCE(max(n), 0) FROM (
+             SELECT count(*) OVER (PARTITION BY partition_key ORDER BY claimed_at
+                                   RANGE BETWEEN interval '1999 milliseconds' PRECEDING
+                                   AND CURRENT ROW) AS n
+             FROM queue_jobs
+             WHERE partition_key IS NOT NULL AND claimed_at IS NOT NULL) AS per_window",
+        16,
+    );
+    assert_eq!(most, 16, "a partition made all its starts of a window");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "the rate bound: forty starts of a partition at sixteen per two seconds take two windows"
+    );
+}
+
 /// Sets `limits` on a fresh database's default queue, enqueues `jobs`, and runs three worker
 /// processes of eight slots each (`limited_worker_process`) until every job completed, sampling
 /// `sample` (one number, which must stay within `limit`: the caller asserts on the largest)
@@ -2130,6 +2166,70 @@ async fn claimed_names(queue: &queue_postgres::PgQueue, batch: u32) -> Vec<Strin
     jobs.iter()
         .map(|j| j.payload["name"].as_str().unwrap().to_owned())
         .collect()
+}
+
+/// While the queue's tally leaves room for a whole claim, a claim reads no partition's log and
+/// writes one row of `queue_jobs_claim_starts`; the first claim that could bring a partition to
+/// its rate folds those rows into the partitions' logs and counts per partition; removing the
+/// rate forgets the tally and the rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_far_under_the_partition_rate_log_one_row_each_until_folded() {
+    use queue_core::{Admin, QueueLimits, RateLimit};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for n in 0..6 {
+        partitioned(&queue, &format!("a{n}"), "a", false).await;
+    }
+    partitioned(&queue, "b0", "b", false).await;
+    let limits = QueueLimits {
+        rate_per_partition: Some(RateLimit::new(4, Duration::from_secs(60)).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let rows = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let unfolded = "SELECT count(*) FROM queue_jobs_claim_starts";
+    let logged = "SELECT count(*) FROM queue_jobs_starts";
+    // 0 + 2 and then 2 + 2 of the queue's starts within 4: no partition can reach 4.
+    assert_eq!(claimed_names(&queue, 2).await, ["a0", "a1"]);
+    assert_eq!((rows(unfolded).await, rows(logged).await), (1, 0));
+    let (keys, jobs): (Vec<String>, Vec<i64>) =
+        sqlx::query_as("SELECT keys, jobs FROM queue_jobs_claim_starts")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((keys, jobs), (vec!["a".to_owned()], vec![2]));
+    assert_eq!(claimed_names(&queue, 2).await, ["a2", "a3"]);
+    assert_eq!((rows(unfolded).await, rows(logged).await), (2, 0));
+    // 4 + 1 could reach the rate: the claim folds, counts a's four starts, and passes a over.
+    assert_eq!(claimed_names(&queue, 1).await, ["b0"]);
+    assert_eq!((rows(unfolded).await, rows(logged).await), (0, 2));
+    let a_starts: i64 = sqlx::query_scalar(
+        "SELECT sum((e ->> 1)::bigint)::bigint FROM queue_jobs_starts,
+                jsonb_array_elements(rate_log) AS e WHERE partition_key = 'a'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(a_starts, 4);
+    assert!(
+        claimed_names(&queue, 1).await.is_empty(),
+        "a has no start left"
+    );
+    queue.set_limits(QueueLimits::NONE).await.unwrap();
+    let tally: Option<Value> = sqlx::query_scalar("SELECT partition_tally FROM queue_jobs_queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tally, None);
+    assert_eq!((rows(unfolded).await, rows(logged).await), (0, 0));
 }
 
 /// A partition's offer locked by an adopter's open transaction (a replacing enqueue) does not
