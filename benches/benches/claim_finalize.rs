@@ -12,7 +12,8 @@
 //! * `enqueue/one` vs `enqueue/many/{1000,10000,100000}` (no unique keys; also through the
 //!   tokio-postgres driver, `many_tokio_postgres`) and
 //!   `enqueue/keyed/{1000,10000}` (a new unique key per job).
-//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8}`: one claim of 500 out of a
+//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8,rate_per_partition_100000_per_s}`:
+//!   one claim of 500 out of a
 //!   100k backlog in 1 000 partitions with 500 jobs held in flight, without limits and under
 //!   each limit that never binds (the cost of counting, the claim's statement alone).
 //! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
@@ -155,6 +156,16 @@ fn claim_limits(c: &mut Criterion) {
             "max_per_partition_8",
             queue_core::QueueLimits {
                 max_per_partition: Some(8),
+                ..Default::default()
+            },
+        ),
+        (
+            // Far under: the queue's tally leaves room for every claim, no partition is counted.
+            "rate_per_partition_100000_per_s",
+            queue_core::QueueLimits {
+                rate_per_partition: Some(
+                    queue_core::RateLimit::new(100_000, Duration::from_secs(1)).unwrap(),
+                ),
                 ..Default::default()
             },
         ),
