@@ -190,6 +190,27 @@ pub trait Backend: Clone + Send + Sync + 'static {
         lease: Lease,
     ) -> impl Future<Output = Result<Heartbeat>> + Send;
 
+    /// Heartbeats of many claims at once, each fenced as [`Backend::extend_lease`] is: one
+    /// answer per claim, in order. `None` means the store did not answer for that claim because
+    /// another transaction holds its row (a finalize with hooks, an operator's cancel) and it
+    /// did not wait, so that one locked row holds up no other renewal: ask again for that claim
+    /// alone with [`Backend::extend_lease`], which waits. An error means nothing is known of any
+    /// of them (renewals may have applied: a renewal is safe to send again). By default one
+    /// [`Backend::extend_lease`] after another (never `None`).
+    fn extend_leases(
+        &self,
+        claims: &[Claim],
+        lease: Lease,
+    ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>>> + Send {
+        async move {
+            let mut answers = Vec::with_capacity(claims.len());
+            for claim in claims {
+                answers.push(Some(self.extend_lease(*claim, lease).await?));
+            }
+            Ok(answers)
+        }
+    }
+
     /// Administrative cancel inside `tx`: a `pending` job is cancelled (its reason
     /// [`CANCELLED_BY_OPERATOR`](crate::CANCELLED_BY_OPERATOR)) and returned for the finalize
     /// hooks; a job in flight gets a cancel request for its holder, who alone may end it (so an

@@ -31,6 +31,9 @@ struct Faults {
     heartbeats_fail: AtomicBool,
     /// Heartbeats (`extend_lease`) wait forever: a row lock never released, a black hole.
     heartbeats_hang: AtomicBool,
+    /// So many of the next heartbeats (`extend_lease`) wait forever: a connection gone dead
+    /// under one call while the pool's others work.
+    next_heartbeats_hang: AtomicU32,
     /// The next outcome write commits, then its reply is lost (a connection error).
     lose_next_reply: AtomicBool,
     /// With `lose_next_reply`: before the lost reply comes back, another worker claims the job
@@ -209,7 +212,12 @@ impl Backend for Faulty {
     }
 
     async fn extend_lease(&self, claim: Claim, lease: Lease) -> Result<Heartbeat> {
-        if self.faults.heartbeats_hang.load(Ordering::SeqCst) {
+        let hang_this = self
+            .faults
+            .next_heartbeats_hang
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hang_this || self.faults.heartbeats_hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
         self.gate(|f| &f.heartbeats_fail).await?;
@@ -407,6 +415,55 @@ async fn failed_heartbeats_cancel_the_handler_once_the_lease_cannot_be_trusted()
     );
     assert_eq!(captured.count(crate::events::LEASE_UNTRUSTED), 1);
     assert_eq!(captured.count(crate::events::HEARTBEAT_FAILED), 2);
+}
+
+/// The worker's renewals go many to a call, and a call that never answers (its connection went
+/// dead) holds up only the renewals it carries: the job whose heartbeat it carried stops once
+/// its lease cannot be trusted, while the other job's heartbeats, asked later, go in calls of
+/// their own and keep it running.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_call_that_never_answers_holds_up_only_its_own_renewals() {
+    let queue = Faulty::new();
+    let started = Arc::new(Notify::new());
+    let reasons = Arc::default();
+    let handler = UntilCancelled {
+        started: started.clone(),
+        reasons: Arc::clone(&reasons),
+    };
+    let config = WorkerConfig {
+        concurrency: 2,
+        lease: Lease::from_secs(60).unwrap(),
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    queue
+        .enqueue(NewJob::from_value(json!({ "n": 1 })))
+        .await
+        .unwrap();
+    started.notified().await;
+    // The second job starts ten seconds after the first, so their heartbeats fall apart.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    queue
+        .enqueue(NewJob::from_value(json!({ "n": 2 })))
+        .await
+        .unwrap();
+    started.notified().await;
+    // The next call (the first job's heartbeat, at 20 s) never answers.
+    queue.faults.next_heartbeats_hang.store(1, Ordering::SeqCst);
+    worker
+        .wait_for_timeout(Duration::from_secs(60), |s| s.finished() == 1)
+        .await
+        .expect("the first job stops once its lease cannot be trusted");
+    assert_eq!(
+        *reasons.lock().unwrap(),
+        vec![Some(CancelReason::LeaseUntrusted)]
+    );
+    // Two leases later the second still runs on its heartbeats.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(worker.stats().finished(), 1, "the second job still runs");
+    assert_eq!(reasons.lock().unwrap().len(), 1);
+    worker.shutdown().await.unwrap();
 }
 
 /// A long job that waits for its gate.

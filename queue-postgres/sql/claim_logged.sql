@@ -85,12 +85,14 @@ logged AS (
             WHEN (SELECT tally_per_ms FROM quota) IS NULL THEN NULL
             WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.partition_tally
             ELSE (SELECT CASE
-                    -- No tally, another window length, or the clock stepped back: start again.
+                    -- No tally, or another window length: start again.
                     WHEN (c.partition_tally ->> 'per_ms')::bigint IS DISTINCT FROM q.tally_per_ms
-                         OR NOT (b.bucket >= (c.partition_tally ->> 'bucket')::bigint)
                     THEN jsonb_build_object('per_ms', q.tally_per_ms, 'since', q.now_ms,
                                             'bucket', b.bucket, 'jobs', n.jobs, 'before', 0)
-                    WHEN b.bucket = (c.partition_tally ->> 'bucket')::bigint
+                    -- The clock stepped back: counted in the window the tally is at, never
+                    -- forgotten (the claims before the step stay counted when it is put right;
+                    -- claim_quota.sql counts per partition until the clock is back there).
+                    WHEN b.bucket <= (c.partition_tally ->> 'bucket')::bigint
                     THEN c.partition_tally
                          || jsonb_build_object('jobs', (c.partition_tally ->> 'jobs')::bigint + n.jobs)
                     WHEN b.bucket = (c.partition_tally ->> 'bucket')::bigint + 1

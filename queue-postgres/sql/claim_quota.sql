@@ -5,7 +5,7 @@
 -- statement's snapshot has it; quota: whether the snapshot is stale (a limited claim committed
 -- after it), how many new jobs and how many jobs in all the claim may take (0 when stale or
 -- when it must fold first), the queue's max_per_partition and its partition cursor, whether
--- the partitions are counted one by one (partitioned), the rate per partition as the claim
+-- any limit per partition is set (partitioned), the rate per partition as the claim
 -- applies it (key_rate_starts and key_rate_per_ms: NULL without one, and NULL while the
 -- queue's tally leaves room for the whole claim, unbound: then no partition can go over its
 -- rate and none is read), its window whenever the queue has one (tally_per_ms), whether claims
@@ -20,8 +20,9 @@
 -- The tally (partition_tally, table migration 20261208000001) counts the queue's partitioned
 -- jobs claimed in fixed windows of the rate's length: any sliding window lies within the
 -- current one and the one before, so their sum bounds every partition's starts within it, once
--- the tally has counted for a whole window (since). A backward step of the clock, or another
--- window length, makes the tally start again (not unbound for a window).
+-- the tally has counted for a whole window (since). Another window length makes the tally start
+-- again (not unbound for a window); while the clock is behind the tally's window (it stepped
+-- back), the claims count per partition.
 control AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.max_per_partition, c.partition_cursor, c.partition_rate_starts,
@@ -47,8 +48,7 @@ quota AS MATERIALIZED (
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
            c.partition_cursor AS cursor_key,
-           (c.max_per_partition IS NOT NULL OR (k.per_ms IS NOT NULL AND NOT g.unbound))
-               AS partitioned,
+           (c.max_per_partition IS NOT NULL OR k.per_ms IS NOT NULL) AS partitioned,
            CASE WHEN NOT g.unbound THEN c.partition_rate_starts END AS key_rate_starts,
            CASE WHEN NOT g.unbound THEN k.per_ms END AS key_rate_per_ms,
            k.per_ms AS tally_per_ms,

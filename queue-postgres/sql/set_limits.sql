@@ -10,7 +10,8 @@
 -- claims not yet folded into them and the queue's tally (claim_quota.sql). A rate per partition
 -- set where there was none starts its tally complete and empty (no claim before it counts);
 -- a change of its starts keeps the tally, and a change of its window makes the next claim start
--- it again.
+-- it again. Runs in the transaction of lock_queue.sql, after it, so that its snapshot sees
+-- every claim that held the queue's row before (the logs it deletes include theirs).
 WITH forgotten AS (
     DELETE FROM "{{table}}_starts"
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)

@@ -522,6 +522,19 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         Ok(statement::extend_lease::<D>(D::pooled(&mut conn), sql, claim, lease).await?)
     }
 
+    async fn extend_leases(
+        &self,
+        claims: &[Claim],
+        lease: Lease,
+    ) -> queue_core::Result<Vec<Option<Heartbeat>>> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        let sql = &self.inner.sql;
+        Ok(statement::extend_leases::<D>(D::pooled(&mut conn), sql, claims, lease).await?)
+    }
+
     async fn cancel_in(
         &self,
         tx: &mut PostgresTx<D>,
@@ -767,10 +780,15 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
     async fn set_limits(&self, limits: QueueLimits) -> queue_core::Result<QueueControl> {
         limits.check()?;
         let inner = &self.inner;
-        let mut conn = D::acquire(&inner.pool).await?;
         let queue = &inner.config.queue;
+        // The queue's row lock first, so that the statement's snapshot comes after every claim
+        // that held it: the partitions' logs it deletes with a rate per partition include the
+        // last claim's.
+        let mut tx = D::begin(&inner.pool).await?;
+        statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
         let control =
-            statement::set_limits::<D>(D::pooled(&mut conn), &inner.sql, queue, &limits).await?;
+            statement::set_limits::<D>(D::in_tx(&mut tx), &inner.sql, queue, &limits).await?;
+        D::commit(tx).await?;
         self.saw_limits(!control.limits.is_none());
         queue_core::events::queue_limits_set(queue, &limits);
         Ok(control)

@@ -43,6 +43,7 @@ pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
 pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
+pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
 pub(crate) const SET_LIMITS: Template = template!("set_limits.sql");
 pub(crate) const FINALIZE_CLAIM: Template = template!("finalize_claim.sql");
 pub(crate) const FINALIZE: Template = template!("finalize.sql");
@@ -522,6 +523,7 @@ pub(crate) struct Sql {
     pub(crate) finalize: Arc<str>,
     pub(crate) finalize_claim: Arc<str>,
     pub(crate) extend_lease: Arc<str>,
+    pub(crate) extend_leases: Arc<str>,
     pub(crate) cancel: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) counts: Arc<str>,
@@ -560,6 +562,7 @@ impl Sql {
             finalize: r(FINALIZE)?,
             finalize_claim: finalize_claim(table)?.into(),
             extend_lease: r(EXTEND_LEASE)?,
+            extend_leases: r(EXTEND_LEASES)?,
             cancel: r(CANCEL)?,
             get: r(GET)?,
             counts: r(COUNTS)?,

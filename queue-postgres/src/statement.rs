@@ -250,6 +250,47 @@ pub(crate) async fn extend_lease<D: Driver>(
     })
 }
 
+/// `extend_leases.sql`: one answer per claim, in order (`None`: its row was locked by another
+/// transaction, ask again alone with [`extend_lease`]).
+pub(crate) async fn extend_leases<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    claims: &[Claim],
+    lease: Lease,
+) -> Result<Vec<Option<Heartbeat>>, PgError> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.id.0).collect();
+    let generations: Vec<i64> = claims.iter().map(|c| c.generation.0).collect();
+    let tokens: Vec<i64> = claims.iter().map(|c| c.token.0).collect();
+    let params = (&ids, &generations, lease.as_secs_f64(), &tokens);
+    let rows = D::query(conn, &sql.extend_leases, &params).await?;
+    let mut answers = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let claim = (
+            get::<D, i64>(row, "id")?,
+            get::<D, i64>(row, "claim_generation")?,
+            get::<D, i64>(row, "claim_token")?,
+        );
+        let answer = match get::<D, String>(row, "answer")?.as_str() {
+            "held" => Some(Heartbeat::Held),
+            "cancel_requested" => Some(Heartbeat::CancelRequested),
+            "lost" => Some(Heartbeat::Lost),
+            _ => None,
+        };
+        answers.insert(claim, answer);
+    }
+    claims
+        .iter()
+        .map(|c| {
+            answers
+                .get(&(c.id.0, c.generation.0, c.token.0))
+                .copied()
+                .ok_or(PgError::NoRow {
+                    statement: "extend_leases.sql",
+                })
+        })
+        .collect()
+}
+
 /// What `cancel.sql` did: `None` when there is no such job; otherwise whether it cancelled the
 /// job, whether it requested its cancel, and the status the statement saw.
 pub(crate) async fn cancel<D: Driver>(

@@ -45,7 +45,70 @@ per_driver!(
     a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now,
     a_hand_edited_error_history_does_not_stop_the_job,
     drain_waits_for_a_claim_that_started_before_the_pause,
+    a_row_another_transaction_holds_holds_up_no_other_renewal,
 );
+
+/// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
+/// finalize with hooks, an operator's cancel) is left unanswered at once instead of waited for,
+/// and the others are renewed; asked alone, it waits for the lock and is answered.
+async fn a_row_another_transaction_holds_holds_up_no_other_renewal<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    for n in 0..3 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    let jobs = queue.claim(req(3)).await.unwrap().jobs;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs WHERE id = $1 FOR UPDATE")
+        .bind(jobs[1].id.0)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let claims: Vec<Claim> = jobs.iter().map(|j| j.claim()).collect();
+    let stamps = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT claimed_at FROM queue_jobs ORDER BY id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+    let before = stamps().await;
+    // Bounded, so that a statement that waited for the lock fails the test instead of hanging.
+    let answers = tokio::time::timeout(
+        Duration::from_secs(30),
+        queue.extend_leases(&claims, Lease::DEFAULT),
+    )
+    .await
+    .expect("the renewals do not wait for the locked row")
+    .unwrap();
+    assert_eq!(
+        answers,
+        [Some(Heartbeat::Held), None, Some(Heartbeat::Held)]
+    );
+    let renewed: Vec<bool> = before
+        .iter()
+        .zip(stamps().await)
+        .map(|(was, now)| now > *was)
+        .collect();
+    assert_eq!(
+        renewed,
+        [true, false, true],
+        "the two free rows were renewed"
+    );
+    let alone = tokio::spawn({
+        let queue = queue.clone();
+        let claim = jobs[1].claim();
+        async move { queue.extend_lease(claim, Lease::DEFAULT).await }
+    });
+    wait_for_a_lock_wait(&db, "the renewal asked alone waits for the lock").await;
+    holder.commit().await.unwrap();
+    assert_eq!(alone.await.unwrap().unwrap(), Heartbeat::Held);
+    db.drop_db().await;
+}
 
 /// Ends the next claimable job with `action`.
 async fn end_next<D: TestDriver>(queue: &PostgresQueue<D>, action: Finalize) -> JobId {
@@ -684,7 +747,7 @@ async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_take
             "{what} reads queue_jobs otherwise than by primary key: {read:?}"
         );
     };
-    let [_, heartbeat, cancel] =
+    let [_, heartbeat, cancel, heartbeats] =
         queue_postgres::testing::lease_holder_writes_sql(&TableName::default());
     let job = &held[700];
     let all = plan_nodes(&db, heartbeat, |q| {
@@ -695,6 +758,18 @@ async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_take
     })
     .await;
     only_by_primary_key("the heartbeat", &all);
+    let many = &held[600..900];
+    let ids: Vec<i64> = many.iter().map(|j| j.id.0).collect();
+    let generations: Vec<i64> = many.iter().map(|j| j.generation.0).collect();
+    let tokens: Vec<i64> = many.iter().map(|j| j.token.0).collect();
+    let all = plan_nodes(&db, heartbeats, |q| {
+        q.bind(ids.clone())
+            .bind(generations.clone())
+            .bind(90.0_f64)
+            .bind(tokens.clone())
+    })
+    .await;
+    only_by_primary_key("the batched heartbeat", &all);
     let all = plan_nodes(&db, cancel, |q| {
         q.bind(job.id.0).bind("default").bind("operator")
     })
@@ -725,6 +800,9 @@ async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_take
             .unwrap(),
         Heartbeat::Held
     );
+    let claims: Vec<Claim> = many.iter().map(|j| j.claim()).collect();
+    let answers = queue.extend_leases(&claims, Lease::DEFAULT).await.unwrap();
+    assert!(answers.iter().all(|a| *a == Some(Heartbeat::Held)));
     queue.cancel(job.id).await.unwrap();
     assert_eq!(
         queue
@@ -2230,6 +2308,125 @@ async fn claims_far_under_the_partition_rate_log_one_row_each_until_folded() {
         .unwrap();
     assert_eq!(tally, None);
     assert_eq!((rows(unfolded).await, rows(logged).await), (0, 0));
+}
+
+/// The tally counts the window before the current one while it still overlaps the sliding
+/// window: a partition's starts of the previous fixed window, within the rate's length, keep the
+/// next claim counting per partition (set here as a store would have left them: `a`'s five
+/// starts of a second ago, tallied in the previous window, or split between it and the current
+/// one; windows of a day, so that none ends during the test). A tally that forgot either window
+/// would let the claim skip the count and start `a` a sixth time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_windows_claims_keep_a_partition_counted() {
+    use queue_core::{Admin, QueueLimits, RateLimit};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let day = Duration::from_secs(86_400);
+    let limits = QueueLimits {
+        rate_per_partition: Some(RateLimit::new(5, day).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    // (the tally's window relative to now, its jobs, those of the window before)
+    for (back, jobs, before) in [(1_i64, 5_i64, 0_i64), (0, 1, 4)] {
+        sqlx::query("DELETE FROM queue_jobs")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        for n in 0..3 {
+            partitioned(&queue, &format!("a{n}"), "a", false).await;
+        }
+        partitioned(&queue, "b0", "b", false).await;
+        sqlx::query(
+            "WITH t AS (SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS ms)
+             , s AS (
+                 INSERT INTO queue_jobs_starts (queue, partition_key, rate_log, last_at)
+                 SELECT 'default', 'a', jsonb_build_array(jsonb_build_array(t.ms - 1000, 5)), now()
+                 FROM t
+                 ON CONFLICT (queue, partition_key) DO UPDATE SET rate_log = EXCLUDED.rate_log)
+             UPDATE queue_jobs_queues SET partition_tally = jsonb_build_object(
+                 'per_ms', 86400000, 'since', 0,
+                 'bucket', (SELECT floor(t.ms / 86400000)::bigint FROM t) - $1,
+                 'jobs', $2, 'before', $3)",
+        )
+        .bind(back)
+        .bind(jobs)
+        .bind(before)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        // a made its five starts of the day: passed over, however the tally was split.
+        assert_eq!(claimed_names(&queue, 1).await, ["b0"], "window {back} back");
+        assert!(
+            claimed_names(&queue, 1).await.is_empty(),
+            "window {back} back"
+        );
+    }
+}
+
+/// A database clock that steps back (a failover to a server whose clock lags, an NTP step)
+/// forgets no claim: while it is behind, the claims count per partition and are tallied in the
+/// tally's own window, so once it is put right the claims from before the step still count.
+/// Set here as a store would have left things before a step back of two days (`a`'s five
+/// starts of the day, and the tally, two days ahead); then the stored instants move back two
+/// days instead of the clock forward (the clock put right).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_that_stepped_back_forgets_no_claim() {
+    use queue_core::{Admin, QueueLimits, RateLimit};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let limits = QueueLimits {
+        rate_per_partition: Some(RateLimit::new(5, Duration::from_secs(86_400)).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    for name in ["a0", "a1"] {
+        partitioned(&queue, name, "a", false).await;
+    }
+    for name in ["b0", "b1"] {
+        partitioned(&queue, name, "b", false).await;
+    }
+    sqlx::query(
+        "WITH t AS (SELECT extract(epoch FROM clock_timestamp())::float8 * 1000
+                           + 2 * 86400000 AS ms)
+         , s AS (
+             INSERT INTO queue_jobs_starts (queue, partition_key, rate_log, last_at)
+             SELECT 'default', 'a', jsonb_build_array(jsonb_build_array(t.ms - 1000, 5)),
+                    now() + interval '2 days'
+             FROM t)
+         UPDATE queue_jobs_queues SET partition_tally = jsonb_build_object(
+             'per_ms', 86400000, 'since', 0,
+             'bucket', (SELECT floor(t.ms / 86400000)::bigint FROM t),
+             'jobs', 5, 'before', 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let first = queue.claim(req(1)).await.unwrap().jobs;
+    assert_eq!(first[0].payload["name"], "b0", "a's starts count");
+    assert_eq!(
+        queue
+            .finalize(first[0].claim(), &Finalize::Complete)
+            .await
+            .unwrap(),
+        FinalizeOutcome::Applied
+    );
+    let tally: Value = sqlx::query_scalar("SELECT partition_tally FROM queue_jobs_queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (tally["since"].as_f64(), tally["jobs"].as_i64()),
+        (Some(0.0), Some(6)),
+        "tallied in its own window, not started again: {tally}"
+    );
+    support::shift_time(&db.pool, "queue_jobs", Duration::from_secs(2 * 86_400)).await;
+    assert_eq!(
+        claimed_names(&queue, 1).await,
+        ["b1"],
+        "a's starts still count"
+    );
+    assert!(claimed_names(&queue, 1).await.is_empty());
 }
 
 /// A partition's offer locked by an adopter's open transaction (a replacing enqueue) does not

@@ -195,6 +195,44 @@ cases! {
         );
     }
 
+    /// Heartbeats of many claims at once: each answered for its own claim, in order, fenced as
+    /// one heartbeat is (a claim of another generation is lost, a job an operator asked to
+    /// cancel says so, a claim asked twice gets one answer twice), and each lease restarted.
+    pub async fn extend_leases_answers_each_claim_fenced<H: Harness>(h: Arc<H>) {
+        let b = h.backend();
+        for n in 0..4 {
+            enqueue(b, n).await;
+        }
+        let jobs = claim(b, 4).await.jobs;
+        assert_eq!(jobs.len(), 4);
+        b.cancel(jobs[2].id).await.unwrap();
+        let mut stale = jobs[1].claim();
+        stale.generation.0 += 1;
+        let claims = [jobs[0].claim(), stale, jobs[2].claim(), jobs[0].claim(), jobs[3].claim()];
+        assert!(b.extend_leases(&[], lease()).await.unwrap().is_empty());
+        h.advance_clock(Duration::from_secs(60)).await;
+        let answers = b.extend_leases(&claims, lease()).await.unwrap();
+        // A store may leave a claim unanswered only when another transaction holds its row:
+        // none does here.
+        let answers: Vec<Heartbeat> = answers.into_iter().map(Option::unwrap).collect();
+        assert_eq!(
+            answers,
+            [
+                Heartbeat::Held,
+                Heartbeat::Lost,
+                Heartbeat::CancelRequested,
+                Heartbeat::Held,
+                Heartbeat::Held
+            ]
+        );
+        h.advance_clock(Duration::from_secs(60)).await;
+        // 120 s since the claim, 60 s since the heartbeats: only the job whose lease was not
+        // renewed (its claim's generation did not match) is taken over.
+        let taken = claim(b, 4).await.jobs;
+        let ids: Vec<JobId> = taken.iter().map(|j| j.id).collect();
+        assert_eq!(ids, [jobs[1].id], "the renewed leases still run");
+    }
+
     /// Claim order: `next_attempt_at`, then priority (lower first); future jobs wait.
     pub async fn claim_order_is_next_attempt_then_priority<H: Harness>(h: Arc<H>) {
         let b = h.backend();

@@ -314,7 +314,7 @@ async fn still_held<B: Backend, H: Handler>(
     }
     let sent = Instant::now();
     // A renewal that does not answer within a sixth of the lease cannot be counted on.
-    let renewal = shared.backend.extend_lease(job.claim(), config.lease);
+    let renewal = shared.renewer.renew(job.claim());
     let answer = tokio::time::timeout(lease / 6, renewal)
         .await
         .unwrap_or_else(|_| Err(Error::backend("no answer to the renewal in time", true)));

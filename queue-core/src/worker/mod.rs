@@ -2,12 +2,13 @@
 //!
 //! A started worker is one dispatcher task ([`dispatcher`]) that claims jobs and spawns one task
 //! per running job ([`runner`]); every outcome goes through one [`finalizer`], which batches the
-//! writes of jobs without hooks in a task of its own. [`shutdown`] ends what the dispatcher
-//! holds.
+//! writes of jobs without hooks in a task of its own, and every lease renewal through one
+//! [`renewer`], many to a call. [`shutdown`] ends what the dispatcher holds.
 
 pub(crate) mod config;
 mod dispatcher;
 mod finalizer;
+mod renewer;
 mod runner;
 mod shutdown;
 mod stats;
@@ -31,6 +32,7 @@ use crate::hooks::{FinalizeHook, Hooks};
 use crate::metrics::QueueMetrics;
 use dispatcher::Dispatcher;
 use finalizer::Finalizer;
+use renewer::Renewer;
 
 /// A worker: claims jobs of one queue and runs them with a handler.
 ///
@@ -107,7 +109,15 @@ impl<B: Backend, H: Handler> Worker<B, H> {
                 self.config.slots(),
             ),
         );
+        // No asker waits longer than five sixths of the lease (a heartbeat's margin).
+        let lease = self.config.lease;
+        let renewer = Renewer::start(
+            self.backend.clone(),
+            lease,
+            lease.duration() - lease.duration() / 6,
+        );
         let shared = Arc::new(Shared {
+            renewer,
             backend: self.backend,
             handler: self.handler,
             config: self.config,
@@ -130,6 +140,8 @@ struct Shared<B: Backend, H: Handler> {
     handler: Arc<H>,
     config: WorkerConfig,
     finalizer: Finalizer<B, H::Payload>,
+    /// Every lease renewal goes through it, many to a call.
+    renewer: Renewer,
     stats: watch::Sender<WorkerStats>,
     metrics: QueueMetrics,
 }

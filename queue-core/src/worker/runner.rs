@@ -131,9 +131,7 @@ async fn cancel_if_requested<B: Backend, H: Handler>(
         return action;
     }
     // Bounded like a heartbeat: no answer within a sixth of the lease keeps the outcome.
-    let renewal = shared
-        .backend
-        .extend_lease(job.claim(), shared.config.lease);
+    let renewal = shared.renewer.renew(job.claim());
     match tokio::time::timeout(shared.config.lease.duration() / 6, renewal).await {
         Ok(Ok(Heartbeat::CancelRequested)) => {
             events::cancel_requested(shared.backend.queue(), job.claim());
@@ -245,7 +243,7 @@ async fn heartbeat<B: Backend, H: Handler>(
         }
         let sent = Instant::now();
         next_beat = sent + every;
-        let beat = shared.backend.extend_lease(claim, shared.config.lease);
+        let beat = shared.renewer.renew(claim);
         match tokio::time::timeout_at(untrusted_at, beat).await {
             Ok(Ok(Heartbeat::Held)) => clock.renewed(sent),
             Ok(Ok(Heartbeat::CancelRequested)) => {

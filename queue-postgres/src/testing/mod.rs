@@ -218,10 +218,17 @@ pub fn finalize_claim_sql(table: &TableName) -> String {
 
 /// The writes by id rendered for `table`, for tests that read their plans: the finalize (`$1`
 /// to `$10` as [`finalize_claim_sql`]'s), the heartbeat (`$1` id, `$2` generation, `$3` lease in
-/// seconds, `$4` token) and the cancel (`$1` id, `$2` queue, `$3` reason).
-pub fn lease_holder_writes_sql(table: &TableName) -> [String; 3] {
+/// seconds, `$4` token), the cancel (`$1` id, `$2` queue, `$3` reason) and the heartbeats of
+/// many claims (`$1` ids, `$2` generations, `$3` lease in seconds, `$4` tokens).
+pub fn lease_holder_writes_sql(table: &TableName) -> [String; 4] {
     let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
-    [&sql.finalize, &sql.extend_lease, &sql.cancel].map(|s| s.to_string())
+    [
+        &sql.finalize,
+        &sql.extend_lease,
+        &sql.cancel,
+        &sql.extend_leases,
+    ]
+    .map(|s| s.to_string())
 }
 
 /// The admin listing rendered for `table` and `statuses`, for tests that read its plan: `$1`
