@@ -466,6 +466,51 @@ async fn a_renewal_call_that_never_answers_holds_up_only_its_own_renewals() {
     worker.shutdown().await.unwrap();
 }
 
+/// Four calls stuck at once (as many as run side by side) do not stop the renewals of the
+/// other jobs: a stuck call stops counting once it is slow, and is dropped once its askers
+/// stopped waiting.
+#[tokio::test(start_paused = true)]
+async fn four_stuck_renewal_calls_hold_up_no_other_job() {
+    let queue = Faulty::new();
+    let started = Arc::new(Notify::new());
+    let reasons = Arc::default();
+    let handler = UntilCancelled {
+        started: started.clone(),
+        reasons: Arc::clone(&reasons),
+    };
+    let config = WorkerConfig {
+        concurrency: 5,
+        // A claim for every free slot: each job claimed as it is enqueued.
+        max_batch: 1,
+        lease: Lease::from_secs(60).unwrap(),
+        job_timeout: Duration::from_secs(3600),
+        ..quick(WorkerConfig::default())
+    };
+    let worker = Worker::new(queue.clone(), handler, config).unwrap().start();
+    for n in 0..5 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+        started.notified().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // The next four calls never answer: the first four jobs' heartbeats, two seconds apart,
+    // each in a call of its own; the fifth job's comes while those four are out.
+    queue.faults.next_heartbeats_hang.store(4, Ordering::SeqCst);
+    worker
+        .wait_for_timeout(Duration::from_secs(120), |s| s.finished() == 4)
+        .await
+        .expect("the four jobs whose heartbeats hung stop");
+    tokio::time::sleep(Duration::from_secs(180)).await;
+    assert_eq!(worker.stats().finished(), 4, "the fifth job still runs");
+    assert_eq!(
+        *reasons.lock().unwrap(),
+        vec![Some(CancelReason::LeaseUntrusted); 4]
+    );
+    worker.shutdown().await.unwrap();
+}
+
 /// A long job that waits for its gate.
 struct LongGated {
     started: Arc<Notify>,

@@ -109,13 +109,7 @@ impl<B: Backend, H: Handler> Worker<B, H> {
                 self.config.slots(),
             ),
         );
-        // No asker waits longer than five sixths of the lease (a heartbeat's margin).
-        let lease = self.config.lease;
-        let renewer = Renewer::start(
-            self.backend.clone(),
-            lease,
-            lease.duration() - lease.duration() / 6,
-        );
+        let renewer = Renewer::start(self.backend.clone(), self.config.lease);
         let shared = Arc::new(Shared {
             renewer,
             backend: self.backend,

@@ -1,18 +1,22 @@
 //! The worker's lease renewals, many to a call: the heartbeats of long jobs, the renewals before
 //! a buffered job starts and the cancel check before a requeue all ask one task, which sends
 //! what is waiting as one [`Backend::extend_leases`] (one statement on PostgreSQL) instead of
-//! one round trip per job. A renewal asked while a call is out waits for the next one, so no
-//! timer delays it: under load the calls grow, idle each renewal goes alone.
+//! one round trip per job. While [`CALLS_IN_FLIGHT`] calls are out, the renewals asked meanwhile
+//! wait and go together in the next call: under load the calls grow, while quiet each renewal
+//! goes at once, alone. No timer delays a renewal.
 //!
-//! A call that does not return holds up only its own renewals: calls run side by side (at most
-//! [`CALLS_IN_FLIGHT`]), each bounded by the time its askers wait. A claim whose row another
-//! transaction holds is asked again alone, off the task, so that it holds up no other.
+//! A call stuck on a dead connection stops counting against that cap after a sixth of the lease
+//! (the others go on in calls of their own), and is dropped once every asker it carries has
+//! stopped waiting, or after five sixths of the lease at most. A claim whose row another
+//! transaction holds is asked again alone, beside the calls. Everything the task started ends
+//! with it, when the worker's last handle on it is dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -21,7 +25,7 @@ use crate::types::{Claim, Heartbeat, Lease};
 /// The most claims one call renews.
 const MOST_PER_CALL: usize = 1_000;
 
-/// The most calls out at once: a call stuck on a dead connection leaves the others running.
+/// The most calls out at once that are younger than a sixth of the lease.
 const CALLS_IN_FLIGHT: usize = 4;
 
 /// One renewal asked: the claim, and where its answer goes.
@@ -37,11 +41,10 @@ pub(super) struct Renewer {
 }
 
 impl Renewer {
-    /// Starts the task renewing `lease` on `backend`; a call that has not answered within
-    /// `patience` (the longest any asker waits) is given up and its askers told so.
-    pub(super) fn start<B: Backend>(backend: B, lease: Lease, patience: Duration) -> Self {
+    /// Starts the task renewing `lease` on `backend`.
+    pub(super) fn start<B: Backend>(backend: B, lease: Lease) -> Self {
         let (asks, received) = mpsc::unbounded_channel();
-        tokio::spawn(serve(backend, lease, patience, received));
+        tokio::spawn(serve(backend, lease, received));
         Renewer { asks }
     }
 
@@ -56,17 +59,14 @@ impl Renewer {
 }
 
 /// Takes what is waiting, up to [`MOST_PER_CALL`], and sends it as one call, until every
-/// handle is gone.
-async fn serve<B: Backend>(
-    backend: B,
-    lease: Lease,
-    patience: Duration,
-    mut received: mpsc::UnboundedReceiver<Ask>,
-) {
-    let calls = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+/// handle is gone; then ends every call still out.
+async fn serve<B: Backend>(backend: B, lease: Lease, mut received: mpsc::UnboundedReceiver<Ask>) {
+    let young = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    let mut calls = JoinSet::new();
     let mut asks = Vec::new();
     loop {
-        let Ok(permit) = calls.clone().acquire_owned().await else {
+        while calls.try_join_next().is_some() {}
+        let Ok(permit) = young.clone().acquire_owned().await else {
             return;
         };
         if received.recv_many(&mut asks, MOST_PER_CALL).await == 0 {
@@ -79,68 +79,107 @@ async fn serve<B: Backend>(
         }
         let batch = std::mem::take(&mut asks);
         let backend = backend.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            call(&backend, lease, patience, batch).await;
+        calls.spawn(async move {
+            let lease_length = lease.duration();
+            let work = call(&backend, lease, batch);
+            tokio::pin!(work);
+            tokio::select! {
+                () = &mut work => return,
+                () = tokio::time::sleep(lease_length / 6) => {}
+            }
+            // Slow: no longer counted against the cap, so that the renewals after it go on.
+            drop(permit);
+            work.await;
         });
     }
 }
 
-/// One call for `batch`, each asker answered.
-async fn call<B: Backend>(backend: &B, lease: Lease, patience: Duration, batch: Vec<Ask>) {
+/// One call for `batch`, each asker answered; a claim whose row was busy asked again alone.
+/// Dropped once no asker waits any more, and given up after five sixths of the lease (no
+/// asker waits longer).
+async fn call<B: Backend>(backend: &B, lease: Lease, mut batch: Vec<Ask>) {
+    let patience = lease.duration() - lease.duration() / 6;
+    let deadline = tokio::time::Instant::now() + patience;
     let claims: Vec<Claim> = batch.iter().map(|ask| ask.claim).collect();
-    let answers = match tokio::time::timeout(patience, backend.extend_leases(&claims, lease)).await
-    {
+    let answered = tokio::select! {
+        answered = tokio::time::timeout_at(deadline, backend.extend_leases(&claims, lease)) => answered,
+        () = all_gone(&mut batch) => return,
+    };
+    let answers = match answered {
         Ok(Ok(answers)) if answers.len() == claims.len() => answers,
         Ok(Ok(answers)) => {
-            let error = format!(
-                "the store answered {} of {} renewals",
-                answers.len(),
-                claims.len()
+            let error = Error::backend(
+                format!(
+                    "the store answered {} of {} renewals",
+                    answers.len(),
+                    claims.len()
+                ),
+                false,
             );
-            return tell_all(batch, &error, false);
+            return tell_all(batch, &error);
         }
-        Ok(Err(err)) => return tell_all(batch, &err.to_string(), err.is_transient()),
-        Err(_) => return tell_all(batch, "no answer to the renewals in time", true),
+        Ok(Err(err)) => return tell_all(batch, &err),
+        Err(_) => {
+            let error = Error::backend("no answer to the renewals in time", true);
+            return tell_all(batch, &error);
+        }
     };
     // One answer per claim; the same claim asked twice (a heartbeat and a cancel check) gets
     // the same answer.
-    let mut busy = HashMap::new();
+    let mut busy: HashMap<Claim, Vec<Ask>> = HashMap::new();
     for (ask, answer) in batch.into_iter().zip(answers) {
         match answer {
             Some(beat) => {
                 let _ = ask.reply.send(Ok(beat));
             }
-            None => busy
-                .entry(ask.claim)
-                .or_insert_with(Vec::new)
-                .push(ask.reply),
+            None => busy.entry(ask.claim).or_default().push(ask),
         }
     }
-    for (claim, replies) in busy {
-        // Its row is locked by another transaction: ask alone (which waits for the lock), off
-        // this call, so that the renewals after it go on.
+    // Rows another transaction holds: each asked alone (which waits for its lock), side by
+    // side, each dropped once its askers stopped waiting.
+    let mut alone = JoinSet::new();
+    for (claim, mut asks) in busy {
         let backend = backend.clone();
-        tokio::spawn(async move {
-            let answer = tokio::time::timeout(patience, backend.extend_lease(claim, lease)).await;
-            for reply in replies {
-                let answer = match &answer {
-                    Ok(Ok(beat)) => Ok(*beat),
-                    Ok(Err(err)) => Err(Error::backend(err.to_string(), err.is_transient())),
-                    Err(_) => Err(Error::backend("no answer to the renewal in time", true)),
-                };
-                let _ = reply.send(answer);
+        alone.spawn(async move {
+            let answered = tokio::select! {
+                answered = tokio::time::timeout_at(deadline, backend.extend_lease(claim, lease)) => answered,
+                () = all_gone(&mut asks) => return,
+            };
+            match answered {
+                Ok(Ok(beat)) => {
+                    for ask in asks {
+                        let _ = ask.reply.send(Ok(beat));
+                    }
+                }
+                Ok(Err(err)) => tell_all(asks, &err),
+                Err(_) => tell_all(asks, &Error::backend("no answer to the renewal in time", true)),
             }
         });
+    }
+    alone.join_all().await;
+}
+
+/// Returns once every asker of `asks` has stopped waiting.
+async fn all_gone(asks: &mut [Ask]) {
+    for ask in asks {
+        ask.reply.closed().await;
     }
 }
 
 /// Tells every asker of `batch` that the call failed with `error`.
-fn tell_all(batch: Vec<Ask>, error: &str, transient: bool) {
+fn tell_all(batch: Vec<Ask>, error: &Error) {
     for ask in batch {
-        let _ = ask
-            .reply
-            .send(Err(Error::backend(error.to_owned(), transient)));
+        let _ = ask.reply.send(Err(same_error(error)));
+    }
+}
+
+/// An error like `error` for one more asker (an error is not `Clone`): a backend error keeps
+/// its driver's text and whether it is transient.
+fn same_error(error: &Error) -> Error {
+    match error {
+        Error::Backend { source, transient } => Error::backend(source.to_string(), *transient),
+        Error::Shutdown => Error::Shutdown,
+        other => Error::backend(other.to_string(), false),
     }
 }
 
@@ -165,11 +204,7 @@ mod tests {
             .unwrap()
             .jobs;
         backend.cancel(jobs[7].id).await.unwrap();
-        let renewer = Arc::new(Renewer::start(
-            backend.clone(),
-            Lease::DEFAULT,
-            Duration::from_secs(10),
-        ));
+        let renewer = Arc::new(Renewer::start(backend.clone(), Lease::DEFAULT));
         let mut asks = tokio::task::JoinSet::new();
         for (n, job) in jobs.iter().enumerate() {
             let renewer = renewer.clone();
