@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
