@@ -1483,6 +1483,28 @@ impl SqliteQueue {
     }
 
     /// The fenced write of one outcome, on a connection inside a write transaction.
+    /// The fenced heartbeat of `claim`, on `conn`.
+    async fn extend_on(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        claim: Claim,
+        lease: Lease,
+    ) -> queue_core::Result<Heartbeat> {
+        let row: Option<bool> = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.extend.as_str()))
+            .bind(claim.id.0)
+            .bind(claim.generation.0)
+            .bind(lease.as_secs_f64())
+            .bind(claim.token.0)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match row {
+            None => Heartbeat::Lost,
+            Some(true) => Heartbeat::CancelRequested,
+            Some(false) => Heartbeat::Held,
+        })
+    }
+
     async fn finalize_one(
         &self,
         conn: &mut SqliteConnection,
@@ -1667,19 +1689,27 @@ impl Backend for SqliteQueue {
     }
 
     async fn extend_lease(&self, claim: Claim, lease: Lease) -> queue_core::Result<Heartbeat> {
-        let row: Option<bool> = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.extend.as_str()))
-            .bind(claim.id.0)
-            .bind(claim.generation.0)
-            .bind(lease.as_secs_f64())
-            .bind(claim.token.0)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(match row {
-            None => Heartbeat::Lost,
-            Some(true) => Heartbeat::CancelRequested,
-            Some(false) => Heartbeat::Held,
-        })
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.extend_on(&mut conn, claim, lease).await
+    }
+
+    /// Many heartbeats in one write transaction (one wait for the write lock, one sync of the
+    /// file), each fenced as one is; never `None` (the transaction holds the write lock).
+    async fn extend_leases(
+        &self,
+        claims: &[Claim],
+        lease: Lease,
+    ) -> queue_core::Result<Vec<Option<Heartbeat>>> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let mut answers = Vec::with_capacity(claims.len());
+        for claim in claims {
+            answers.push(Some(self.extend_on(tx.conn(), *claim, lease).await?));
+        }
+        tx.commit_now().await?;
+        Ok(answers)
     }
 
     async fn cancel_in(&self, tx: &mut SqliteTx, id: JobId) -> queue_core::Result<CancelTarget> {
