@@ -2055,6 +2055,16 @@ fn worker_processes_never_exceed_the_partition_limit() {
     );
 }
 
+/// The most claims of one partition within any two seconds (less a millisecond: the rate's log
+/// keeps milliseconds as floating point), read from the table by `claimed_at` (each job
+/// claimed once).
+const MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS: &str = "SELECT COALESCE(max(n), 0) FROM (
+     SELECT count(*) OVER (PARTITION BY partition_key ORDER BY claimed_at
+                           RANGE BETWEEN interval '1999 milliseconds' PRECEDING
+                           AND CURRENT ROW) AS n
+     FROM queue_jobs
+     WHERE partition_key IS NOT NULL AND claimed_at IS NOT NULL) AS per_window";
+
 /// Three worker processes of eight slots each on a queue of four partitions (six jobs each) and
 /// six jobs without one, each partition allowed two claims in any two seconds: every
 /// partition's claims, read from the table all along (`claimed_at`, each job claimed once),
@@ -2075,17 +2085,7 @@ fn worker_processes_never_exceed_the_partition_rate() {
         (0..6).map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
     }));
     let started = std::time::Instant::now();
-    let most = run_limited_workers(
-        limits,
-        jobs,
-        "SELECT COALESCE(max(n), 0) FROM (
-             SELECT count(*) OVER (PARTITION BY partition_key ORDER BY claimed_at
-                                   RANGE BETWEEN interval '1999 milliseconds' PRECEDING
-                                   AND CURRENT ROW) AS n
-             FROM queue_jobs
-             WHERE partition_key IS NOT NULL AND claimed_at IS NOT NULL) AS per_window",
-        2,
-    );
+    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 2);
     assert!(most >= 1, "the sampler saw claims");
     assert!(
         started.elapsed() >= Duration::from_secs(4),
@@ -2111,17 +2111,7 @@ fn worker_processes_never_exceed_the_partition_rate_from_far_under_it() {
         })
         .collect();
     let started = std::time::Instant::now();
-    let most = run_limited_workers(
-        limits,
-        jobs,
-        "SELECT COALESCE(max(n), 0) FROM (
-             SELECT count(*) OVER (PARTITION BY partition_key ORDER BY claimed_at
-                                   RANGE BETWEEN interval '1999 milliseconds' PRECEDING
-                                   AND CURRENT ROW) AS n
-             FROM queue_jobs
-             WHERE partition_key IS NOT NULL AND claimed_at IS NOT NULL) AS per_window",
-        16,
-    );
+    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 16);
     assert_eq!(most, 16, "a partition made all its starts of a window");
     assert!(
         started.elapsed() >= Duration::from_secs(4),

@@ -68,6 +68,25 @@ async fn partitions_of<B: Backend>(b: &B, jobs: &[ClaimedJob]) -> Vec<Option<Str
     keys
 }
 
+/// Sixteen claimers at once, each claiming two jobs four times and finishing them at once (so
+/// that only the rates hold them back); every job they took.
+async fn claim_and_complete_at_once<B: Backend + Clone + 'static>(b: &B) -> Vec<ClaimedJob> {
+    let mut claimers = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let b = b.clone();
+        claimers.spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..4 {
+                let jobs = claim(&b, 2).await.jobs;
+                complete(&b, &jobs).await;
+                got.extend(jobs);
+            }
+            got
+        });
+    }
+    claimers.join_all().await.into_iter().flatten().collect()
+}
+
 /// Clears its flag when dropped: when the task holding it ends, even by a panic.
 struct StopsOnDrop(Arc<AtomicBool>);
 
@@ -443,21 +462,7 @@ cases! {
             enqueue_in(&b, Some(key), 10).await;
         }
         b.set_limits(rate_per_partition(3, Duration::from_secs(3600))).await.unwrap();
-        let mut claimers = tokio::task::JoinSet::new();
-        for _ in 0..16 {
-            let b = b.clone();
-            claimers.spawn(async move {
-                let mut got = Vec::new();
-                for _ in 0..4 {
-                    let jobs = claim(&b, 2).await.jobs;
-                    // Finished at once: only the rate holds them back.
-                    complete(&b, &jobs).await;
-                    got.extend(jobs);
-                }
-                got
-            });
-        }
-        let claimed: Vec<ClaimedJob> = claimers.join_all().await.into_iter().flatten().collect();
+        let claimed = claim_and_complete_at_once(&b).await;
         assert_eq!(
             per_key(&b, &claimed).await,
             counts([("", 5), ("p0", 3), ("p1", 3), ("p2", 3), ("p3", 3)]),
@@ -506,20 +511,7 @@ cases! {
         let first = claim(&b, 1).await.jobs;
         complete(&b, &first).await;
         h.advance_clock(Duration::from_secs(61)).await;
-        let mut claimers = tokio::task::JoinSet::new();
-        for _ in 0..16 {
-            let b = b.clone();
-            claimers.spawn(async move {
-                let mut got = Vec::new();
-                for _ in 0..4 {
-                    let jobs = claim(&b, 2).await.jobs;
-                    complete(&b, &jobs).await;
-                    got.extend(jobs);
-                }
-                got
-            });
-        }
-        let claimed: Vec<ClaimedJob> = claimers.join_all().await.into_iter().flatten().collect();
+        let claimed = claim_and_complete_at_once(&b).await;
         assert_eq!(
             per_key(&b, &claimed).await,
             counts([("p0", 6), ("p1", 6), ("p2", 6), ("p3", 6)]),
