@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use queue_examples::chaos::{self, ChaosConfig};
+use queue_examples::chaos::{self, ChaosConfig, ChaosError};
 use queue_examples::cli::PgDriver;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -29,9 +29,17 @@ async fn ride_through(driver: PgDriver) {
     let _turn = ONE_FORMATION_AT_A_TIME.lock().await;
     let config =
         ChaosConfig::failover(PathBuf::from(env!("CARGO_BIN_EXE_exchange-worker")), driver);
-    let report = chaos::run_failover(&config)
-        .await
-        .expect("the failover run completes");
+    // A formation that does not settle (its monitor names no primary within 90 s, seen once in
+    // CI, never reproduced here) fails the formation, not the workers: the run goes once more on
+    // a new formation, and the first failure, which says what the monitor saw, is printed.
+    let report = match chaos::run_failover(&config).await {
+        Err(ChaosError::Cluster(first)) => {
+            println!("{driver:?}: the formation itself failed; once more on a new one: {first}");
+            chaos::run_failover(&config).await
+        }
+        other => other,
+    }
+    .expect("the failover run completes");
     let scenario = &report.scenarios[0];
     println!("{report}");
     println!(

@@ -178,6 +178,12 @@ impl AutoFailoverCluster {
 
     /// The port of the node that is primary now, by the monitor.
     pub fn primary_port(&self) -> Result<u16, ClusterError> {
+        self.monitors_primary()?
+            .ok_or_else(|| self.no_primary("named by the monitor now"))
+    }
+
+    /// The monitor's primary, if it names one settled in a primary's state.
+    fn monitors_primary(&self) -> Result<Option<u16>, ClusterError> {
         let out = run(&mut self.psql(
             self.monitor_port,
             "pg_auto_failover",
@@ -185,10 +191,41 @@ impl AutoFailoverCluster {
              WHERE reportedstate IN ('primary', 'wait_primary', 'single') \
                AND goalstate = reportedstate",
         ))?;
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .map_err(|_| ClusterError::NoPrimary)
+        Ok(String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+    }
+
+    /// A [`ClusterError::NoPrimary`] that says what the monitor saw: a formation that does not
+    /// settle is diagnosed from the error alone (its folder goes with it).
+    fn no_primary(&self, waiting_for: &str) -> ClusterError {
+        let (nodes, events) = self.monitor_state();
+        ClusterError::NoPrimary {
+            waiting_for: waiting_for.to_owned(),
+            nodes,
+            events,
+        }
+    }
+
+    /// The monitor's nodes and its last events, as text for an error.
+    fn monitor_state(&self) -> (String, String) {
+        let ask = |sql: &str| {
+            run(&mut self.psql(self.monitor_port, "pg_auto_failover", sql))
+                .map(|out| {
+                    String::from_utf8_lossy(&out.stdout)
+                        .trim()
+                        .replace('\n', "; ")
+                })
+                .unwrap_or_else(|err| format!("(the monitor did not answer: {err})"))
+        };
+        (
+            ask(
+                "SELECT format('%s %s %s %s', nodename, nodeport, reportedstate, goalstate) \
+                 FROM pgautofailover.node ORDER BY nodeid",
+            ),
+            ask(
+                "SELECT format('%s %s', to_char(eventtime, 'HH24:MI:SS.MS'), description) \
+                 FROM pgautofailover.event ORDER BY eventid DESC LIMIT 12",
+            ),
+        )
     }
 
     /// The primary's port, waiting up to `within` for the monitor to name one: between two
@@ -197,10 +234,13 @@ impl AutoFailoverCluster {
     fn settled_primary_port(&self, within: Duration) -> Result<u16, ClusterError> {
         let deadline = Instant::now() + within;
         loop {
-            match self.primary_port() {
-                Ok(port) => return Ok(port),
+            match self.monitors_primary() {
+                Ok(Some(port)) => return Ok(port),
                 Err(err) if Instant::now() > deadline => return Err(err),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                _ if Instant::now() > deadline => {
+                    return Err(self.no_primary("settled between two faults"));
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
             }
         }
     }
@@ -213,7 +253,7 @@ impl AutoFailoverCluster {
             .ports
             .iter()
             .position(|p| *p == port)
-            .ok_or(ClusterError::NoPrimary)?;
+            .ok_or_else(|| self.no_primary("on one of the formation's nodes"))?;
         Ok((port, index))
     }
 
@@ -243,9 +283,9 @@ impl AutoFailoverCluster {
         }
         let _ = kill_postmaster(&self.root.join(&name));
         let deadline = Instant::now() + Duration::from_secs(90);
-        while self.primary_port().ok() != Some(self.ports[1 - index]) {
+        while self.monitors_primary().ok().flatten() != Some(self.ports[1 - index]) {
             if Instant::now() > deadline {
-                return Err(ClusterError::NoPrimary);
+                return Err(self.no_primary("promoted from the standby after its primary was lost"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -267,7 +307,7 @@ impl AutoFailoverCluster {
                 break (port, index, pgdata, killed);
             }
             if Instant::now() > found_by {
-                return Err(ClusterError::NoPrimary);
+                return Err(self.no_primary("with a running postmaster to kill"));
             }
             std::thread::sleep(Duration::from_millis(100));
         };
@@ -287,7 +327,7 @@ impl AutoFailoverCluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(ClusterError::NoPrimary);
+                return Err(self.no_primary("taking writes after its postmaster was killed"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -334,9 +374,11 @@ impl AutoFailoverCluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
+                let (nodes, events) = self.monitor_state();
                 return Err(ClusterError::Timeout {
                     waiting_for: sql.split_whitespace().collect::<Vec<_>>().join(" "),
-                    logs: self.root.display().to_string(),
+                    nodes,
+                    events,
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -513,6 +555,13 @@ mod tests {
         cluster.kill_primary_postmaster().unwrap();
         cluster.wait_healthy(Duration::from_secs(90)).unwrap();
         cluster.primary_port().unwrap();
+        // A formation that does not settle is diagnosed from its error: the monitor's nodes
+        // and events are in it.
+        let said = cluster.no_primary("in this test").to_string();
+        assert!(
+            said.contains("node1") && said.contains("node2") && said.contains("primary"),
+            "{said}"
+        );
         let root = cluster.root.clone();
         drop(cluster);
         assert!(!root.exists());

@@ -37,16 +37,31 @@ pub enum ClusterError {
     /// `pg_autoctl` is not installed.
     #[error("no pg_autoctl found: install pg_auto_failover (Debian: postgresql-15-auto-failover)")]
     NoAutoFailover,
-    /// A high-availability cluster has no primary (by its monitor).
-    #[error("the cluster's monitor names no primary")]
-    NoPrimary,
+    /// A high-availability cluster has no primary (by its monitor), or not the one awaited.
+    #[error(
+        "no primary {waiting_for}; the monitor's nodes (name port reported goal): {nodes}; \
+         its last events: {events}"
+    )]
+    NoPrimary {
+        /// What was awaited.
+        waiting_for: String,
+        /// The monitor's nodes as it last answered, one per `;`.
+        nodes: String,
+        /// The monitor's last events, newest first, one per `;`.
+        events: String,
+    },
     /// A high-availability cluster did not reach a state in time.
-    #[error("timed out waiting for {waiting_for}; the cluster's logs are in {logs}")]
+    #[error(
+        "timed out waiting for {waiting_for}; the monitor's nodes (name port reported goal): \
+         {nodes}; its last events: {events}"
+    )]
     Timeout {
         /// The condition, as SQL on the monitor.
         waiting_for: String,
-        /// Where the logs are.
-        logs: String,
+        /// The monitor's nodes as it last answered, one per `;`.
+        nodes: String,
+        /// The monitor's last events, newest first, one per `;`.
+        events: String,
     },
     /// No free port, or the temporary directory could not be made.
     #[error("{0}")]
