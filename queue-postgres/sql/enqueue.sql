@@ -10,7 +10,8 @@
 -- (text[]; a replacing duplicate keeps its holder's).
 --
 -- Guarantees: one statement, so all rows or none. Ids are drawn from the table's sequence
--- before the insert, so every input row knows its own. A holder out of the new job's scope gives
+-- before the insert, so every input row knows its own (its name cast to regclass once, inside
+-- the subquery, not for every row). A holder out of the new job's scope gives
 -- its key up first (released: its row stays, without the key), and a pending holder in scope
 -- takes a replacing job's values (replaced); neither runs for a job of the default scope. A
 -- unique key still held (committed before, or by a transaction this one waited for) inserts
@@ -24,7 +25,7 @@
 -- inserted it, and whether it replaced its holder's values.
 WITH input AS MATERIALIZED (
     SELECT u.ord,
-           nextval((SELECT pg_get_serial_sequence($2, 'id'))::regclass) AS id,
+           nextval((SELECT pg_get_serial_sequence($2, 'id')::regclass)) AS id,
            u.payload, u.priority, u.run_at, u.delay_secs, u.unique_key,
            u.held_while::text[] AS held_while, u.held_for_secs, u.replaces, u.partition_key,
            u.unique_key IS NULL

@@ -7,12 +7,13 @@
 -- (float8[]); $7 wake-up channel (NULL: no NOTIFY); $8 partition keys (text[]).
 --
 -- Guarantees: one statement, so all rows or none. Ids are drawn from the table's sequence
--- before the insert, so every input row knows its own. When a channel is given, one NOTIFY is
+-- before the insert, so every input row knows its own (its name cast to regclass once, inside
+-- the subquery, not for every row). When a channel is given, one NOTIFY is
 -- sent in the same transaction (delivered on commit). Rows come back in input order: the id
 -- the job has, and inserted (always true here, as enqueue.sql reports it).
 WITH input AS MATERIALIZED (
     SELECT u.ord,
-           nextval((SELECT pg_get_serial_sequence($2, 'id'))::regclass) AS id,
+           nextval((SELECT pg_get_serial_sequence($2, 'id')::regclass)) AS id,
            u.payload, u.priority, u.run_at, u.delay_secs, u.partition_key
     FROM unnest($3::jsonb[], $4::int2[], $5::timestamptz[], $6::float8[], $8::text[])
          WITH ORDINALITY AS u(payload, priority, run_at, delay_secs, partition_key, ord)

@@ -55,17 +55,21 @@ pub(crate) async fn enqueue_copy<D: Driver>(
         &(target.quoted_table, count),
     )
     .await?;
-    let ids = rows
-        .iter()
-        .map(|row| get::<D, i64>(row, "id"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let Some(now) = rows
-        .first()
-        .map(|row| get::<D, DateTime<Utc>>(row, "now"))
-        .transpose()?
-    else {
-        return Ok(Some(Vec::new()));
+    let no_row = PgError::NoRow {
+        statement: "enqueue_ids",
     };
+    let row = rows.first().ok_or(no_row)?;
+    let ids: Vec<i64> = get::<D, _>(row, "ids")?;
+    let now: DateTime<Utc> = get::<D, _>(row, "now")?;
+    if jobs.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    // Fewer ids than jobs would leave jobs out of the COPY: the statement's defect, as no row is.
+    if ids.len() != jobs.len() {
+        return Err(PgError::NoRow {
+            statement: "enqueue_ids",
+        });
+    }
     let Some(data) = encode::copy_rows(&ids, now, target.queue.as_str(), jobs) else {
         return Ok(None);
     };
