@@ -61,6 +61,16 @@ pub enum PgError {
         statement: &'static str,
     },
 
+    /// A bulk enqueue's ids (`enqueue_ids.sql`) were not one per job: a defect of the
+    /// framework's own SQL; nothing was copied.
+    #[error("enqueue_ids drew {drawn} ids for {jobs} jobs")]
+    IdsDrawn {
+        /// How many ids the statement returned.
+        drawn: usize,
+        /// How many jobs asked for one.
+        jobs: usize,
+    },
+
     /// No framework table migration has this version.
     #[error("the framework has no table migration {version}")]
     UnknownMigration {

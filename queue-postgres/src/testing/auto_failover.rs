@@ -559,7 +559,7 @@ mod tests {
         // and events are in it.
         let said = cluster.no_primary("in this test").to_string();
         assert!(
-            said.contains("node1") && said.contains("node2") && said.contains("primary"),
+            said.contains("node1") && said.contains("node2") && said.contains("secondary"),
             "{said}"
         );
         let root = cluster.root.clone();
