@@ -259,6 +259,7 @@ impl Handler for Quick {
 }
 
 /// A long job that runs until its token fires, and says why it fired.
+#[derive(Default)]
 struct UntilCancelled {
     started: Arc<Notify>,
     reasons: Arc<std::sync::Mutex<Vec<Option<CancelReason>>>>,
@@ -382,12 +383,8 @@ async fn failed_heartbeats_cancel_the_handler_once_the_lease_cannot_be_trusted()
     let queue = Faulty::new();
     queue.enqueue(NewJob::from_value(json!({}))).await.unwrap();
     queue.set(|f| &f.heartbeats_fail, true);
-    let started = Arc::new(Notify::new());
-    let reasons = Arc::default();
-    let handler = UntilCancelled {
-        started: started.clone(),
-        reasons: Arc::clone(&reasons),
-    };
+    let handler = UntilCancelled::default();
+    let (started, reasons) = (handler.started.clone(), Arc::clone(&handler.reasons));
     let lease = Lease::from_secs(60).unwrap();
     let config = WorkerConfig {
         lease,
@@ -424,12 +421,8 @@ async fn failed_heartbeats_cancel_the_handler_once_the_lease_cannot_be_trusted()
 #[tokio::test(start_paused = true)]
 async fn a_renewal_call_that_never_answers_holds_up_only_its_own_renewals() {
     let queue = Faulty::new();
-    let started = Arc::new(Notify::new());
-    let reasons = Arc::default();
-    let handler = UntilCancelled {
-        started: started.clone(),
-        reasons: Arc::clone(&reasons),
-    };
+    let handler = UntilCancelled::default();
+    let (started, reasons) = (handler.started.clone(), Arc::clone(&handler.reasons));
     let config = WorkerConfig {
         concurrency: 2,
         lease: Lease::from_secs(60).unwrap(),
@@ -472,12 +465,8 @@ async fn a_renewal_call_that_never_answers_holds_up_only_its_own_renewals() {
 #[tokio::test(start_paused = true)]
 async fn four_stuck_renewal_calls_hold_up_no_other_job() {
     let queue = Faulty::new();
-    let started = Arc::new(Notify::new());
-    let reasons = Arc::default();
-    let handler = UntilCancelled {
-        started: started.clone(),
-        reasons: Arc::clone(&reasons),
-    };
+    let handler = UntilCancelled::default();
+    let (started, reasons) = (handler.started.clone(), Arc::clone(&handler.reasons));
     let config = WorkerConfig {
         concurrency: 5,
         // A claim for every free slot: each job claimed as it is enqueued.
@@ -730,11 +719,8 @@ async fn shutdown_keeps_its_deadline_when_the_database_hangs() {
             .await
             .unwrap();
     }
-    let started = Arc::new(Notify::new());
-    let handler = UntilCancelled {
-        started: started.clone(),
-        reasons: Arc::default(),
-    };
+    let handler = UntilCancelled::default();
+    let started = handler.started.clone();
     let config = WorkerConfig {
         concurrency: 1,
         prefetch: 2,

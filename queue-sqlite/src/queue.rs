@@ -1482,7 +1482,6 @@ impl SqliteQueue {
         status.map(|s| status_of(id.0, &s)).transpose()
     }
 
-    /// The fenced write of one outcome, on a connection inside a write transaction.
     /// The fenced heartbeat of `claim`, on `conn`.
     async fn extend_on(
         &self,
@@ -1505,6 +1504,7 @@ impl SqliteQueue {
         })
     }
 
+    /// The fenced write of one outcome, on a connection inside a write transaction.
     async fn finalize_one(
         &self,
         conn: &mut SqliteConnection,
