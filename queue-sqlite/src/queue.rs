@@ -1703,13 +1703,21 @@ impl Backend for SqliteQueue {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.begin_immediate().await?;
-        let mut answers = Vec::with_capacity(claims.len());
-        for claim in claims {
-            answers.push(Some(self.extend_on(tx.conn(), *claim, lease).await?));
-        }
-        tx.commit_now().await?;
-        Ok(answers)
+        // On a task of its own: the worker drops a renewal call its askers stopped waiting for,
+        // and a `BEGIN IMMEDIATE` dropped after it ran but before its guard existed would put
+        // the connection back in the pool holding the write lock, stalling every process.
+        let (queue, claims) = (self.clone(), claims.to_vec());
+        tokio::spawn(async move {
+            let mut tx = queue.begin_immediate().await?;
+            let mut answers = Vec::with_capacity(claims.len());
+            for claim in claims {
+                answers.push(Some(queue.extend_on(tx.conn(), claim, lease).await?));
+            }
+            tx.commit_now().await?;
+            Ok::<_, queue_core::Error>(answers)
+        })
+        .await
+        .map_err(|e| queue_core::Error::backend(format!("the renewal task failed: {e}"), true))?
     }
 
     async fn cancel_in(&self, tx: &mut SqliteTx, id: JobId) -> queue_core::Result<CancelTarget> {
