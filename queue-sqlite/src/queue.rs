@@ -174,23 +174,16 @@ pub async fn open_pool(
 /// write finds that out.
 async fn write_probe(pool: &SqlitePool, path: &str) -> Result<(), SqliteError> {
     let err = |e| SqliteError::from_sqlx(e, path);
-    let mut conn = pool.acquire().await.map_err(err)?;
+    let mut tx = SqliteTx::begin(pool, path).await?;
     let version: i64 = sqlx::query_scalar("PRAGMA user_version")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(err)?;
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut *conn)
+        .fetch_one(tx.conn())
         .await
         .map_err(err)?;
     let written = sqlx::raw_sql(AssertSqlSafe(format!("PRAGMA user_version = {version}")))
-        .execute(&mut *conn)
+        .execute(tx.conn())
         .await;
-    let rolled_back = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-    if written.is_err() || rolled_back.is_err() {
-        // Whatever is left open ends with the connection.
-        conn.close_on_drop();
-    }
+    // Whatever a failed ROLLBACK leaves open ends with the connection (the guard's drop).
+    tx.rollback_now().await;
     written.map_err(err)?;
     Ok(())
 }
@@ -857,21 +850,32 @@ impl std::fmt::Debug for SqliteTx {
 
 impl SqliteTx {
     async fn begin(pool: &SqlitePool, path: &str) -> Result<SqliteTx, SqliteError> {
-        let mut conn = pool
+        let conn = pool
             .acquire()
             .await
             .map_err(|e| SqliteError::from_sqlx(e, path))?;
-        // A BEGIN that fails (busy past the timeout) opens nothing: the connection is fine.
-        sqlx::raw_sql("BEGIN IMMEDIATE")
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| SqliteError::from_sqlx(e, path))?;
-        Ok(SqliteTx {
+        // The guard exists before the BEGIN and counts it as open: a caller that drops this
+        // future while the BEGIN waits for the lock cannot tell whether SQLite ran it (sqlx
+        // runs it on the connection's own thread), so the connection is closed rather than
+        // pooled, and never hands a later caller a transaction holding the write lock.
+        let mut tx = SqliteTx {
             conn,
             open: true,
             path: path.to_owned(),
             wake: None,
-        })
+        };
+        match sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut *tx.conn)
+            .await
+        {
+            Ok(_) => Ok(tx),
+            Err(e) => {
+                // A BEGIN that fails (busy past the timeout) opens nothing: the connection
+                // goes back to the pool.
+                tx.open = false;
+                Err(SqliteError::from_sqlx(e, path))
+            }
+        }
     }
 
     /// The transaction's connection, for a hook's own statements (its domain writes).
@@ -1703,21 +1707,15 @@ impl Backend for SqliteQueue {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        // On a task of its own: the worker drops a renewal call its askers stopped waiting for,
-        // and a `BEGIN IMMEDIATE` dropped after it ran but before its guard existed would put
-        // the connection back in the pool holding the write lock, stalling every process.
-        let (queue, claims) = (self.clone(), claims.to_vec());
-        tokio::spawn(async move {
-            let mut tx = queue.begin_immediate().await?;
-            let mut answers = Vec::with_capacity(claims.len());
-            for claim in claims {
-                answers.push(Some(queue.extend_on(tx.conn(), claim, lease).await?));
-            }
-            tx.commit_now().await?;
-            Ok::<_, queue_core::Error>(answers)
-        })
-        .await
-        .map_err(|e| queue_core::Error::backend(format!("the renewal task failed: {e}"), true))?
+        // The worker drops a renewal call its askers stopped waiting for: the transaction's
+        // guard then closes the connection, whatever point the call had reached.
+        let mut tx = self.begin_immediate().await?;
+        let mut answers = Vec::with_capacity(claims.len());
+        for &claim in claims {
+            answers.push(Some(self.extend_on(tx.conn(), claim, lease).await?));
+        }
+        tx.commit_now().await?;
+        Ok(answers)
     }
 
     async fn cancel_in(&self, tx: &mut SqliteTx, id: JobId) -> queue_core::Result<CancelTarget> {

@@ -548,6 +548,57 @@ async fn a_transaction_sqlite_rolled_back_by_itself_leaves_no_connection_broken(
     );
 }
 
+/// A caller that gives up on a transaction while its `BEGIN IMMEDIATE` waits for another
+/// writer's lock (the worker drops a renewal call nobody waits for any more) leaves no
+/// connection behind holding the write lock once that BEGIN runs: the next write goes through,
+/// and other processes can write again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_dropped_while_its_begin_waits_leaves_no_lock_behind() {
+    let scratch = Scratch::new("dropped-begin");
+    let one = OpenOptions {
+        max_connections: 1,
+        ..OpenOptions::default()
+    };
+    let queue = queue_at(&scratch.db(), &one).await;
+    let other = queue_sqlite::open_pool(scratch.db(), &OpenOptions::default())
+        .await
+        .unwrap();
+    let mut holder = other.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // The BEGIN reaches SQLite at once and waits (busy timeout 5 s) for the holder's lock;
+    // the caller stops waiting long before.
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), queue.begin()).await;
+    assert!(gave_up.is_err(), "the BEGIN could not have taken the lock");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // The abandoned BEGIN now takes the lock on its connection; the queue's next write must
+    // not find it open (the pool has that one connection).
+    let id = queue
+        .enqueue(NewJob::new(&json!({"n": 1})).unwrap())
+        .await
+        .expect("a write after the abandoned transaction")
+        .id;
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .expect("another process can take the write lock");
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE id = ?1")
+        .bind(id.0)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert_eq!(seen, 1, "the write committed");
+}
+
 /// Six processes' pools migrating one new file at once (services starting together): every
 /// one succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
