@@ -46,6 +46,7 @@ per_driver!(
     a_hand_edited_error_history_does_not_stop_the_job,
     drain_waits_for_a_claim_that_started_before_the_pause,
     a_row_another_transaction_holds_holds_up_no_other_renewal,
+    a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool,
 );
 
 /// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
@@ -107,6 +108,67 @@ async fn a_row_another_transaction_holds_holds_up_no_other_renewal<D: TestDriver
     wait_for_a_lock_wait(&db, "the renewal asked alone waits for the lock").await;
     holder.commit().await.unwrap();
     assert_eq!(alone.await.unwrap().unwrap(), Heartbeat::Held);
+    db.drop_db().await;
+}
+
+/// A caller that drops a transaction while its `BEGIN` is on the wire (a renewal nobody waits
+/// for any more, a timeout) leaves no transaction open on the pooled connection: the next
+/// borrower's statements would otherwise run inside it and never commit.
+async fn a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_single::<D>(&db, PgQueueConfig::default()).await;
+    let in_transaction = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let mut reached = false;
+    for _ in 0..20 {
+        let mut begin = std::pin::pin!(queue.begin());
+        // Poll the BEGIN along (never to its end) until the server shows it ran.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let finished = loop {
+            let polled =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
+            if let std::task::Poll::Ready(tx) = polled {
+                break Some(tx.unwrap());
+            }
+            if in_transaction().await > 0 {
+                break None;
+            }
+            assert!(std::time::Instant::now() < deadline, "the BEGIN never ran");
+            tokio::task::yield_now().await;
+        };
+        match finished {
+            // The answer came back before the server was asked: no window this time.
+            Some(tx) => tx.rollback().await.unwrap(),
+            None => {
+                reached = true;
+                break;
+            }
+        }
+    }
+    assert!(reached, "no BEGIN was ever dropped in flight");
+    sqlx::raw_sql("CREATE TABLE marker AS SELECT clock_timestamp() AS at")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // The pool's one connection again: its transaction must be new, not the dropped one.
+    let mut tx = queue.begin().await.unwrap();
+    let rows = tx
+        .query("SELECT now() > (SELECT at FROM marker) AS fresh", ())
+        .await
+        .unwrap();
+    let fresh: bool = rows[0].get("fresh").unwrap();
+    tx.rollback().await.unwrap();
+    assert!(
+        fresh,
+        "the next borrower ran inside the dropped transaction"
+    );
     db.drop_db().await;
 }
 

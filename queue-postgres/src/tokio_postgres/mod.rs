@@ -114,11 +114,14 @@ impl Driver for TokioPostgres {
     }
 
     async fn begin(pool: &Pool) -> Result<OpenTransaction, PgError> {
-        let client = pool.get().await?;
-        client.batch_execute("BEGIN").await?;
-        Ok(OpenTransaction {
-            client: Some(client),
-        })
+        // The guard exists before the BEGIN: a caller that drops this future while the BEGIN
+        // is on the wire has its connection rolled back before the pool lends it again (the
+        // next borrower's statements would otherwise run inside a transaction nobody ends).
+        let tx = OpenTransaction {
+            client: Some(pool.get().await?),
+        };
+        tx.client().batch_execute("BEGIN").await?;
+        Ok(tx)
     }
 
     fn in_tx(tx: &mut OpenTransaction) -> TokioPostgresConn<'_> {
