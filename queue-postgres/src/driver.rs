@@ -49,6 +49,9 @@ pub trait Driver: Sealed + Sized + Send + Sync + 'static {
     fn acquire(pool: &Self::Pool) -> impl Future<Output = Result<Self::Pooled, PgError>> + Send;
     /// Runs statements on a pooled connection.
     fn pooled(conn: &mut Self::Pooled) -> Self::Conn<'_>;
+    /// Closes `conn` instead of returning it to the pool (its session holds state the pool
+    /// must not lend out, such as an advisory lock).
+    fn discard(conn: Self::Pooled);
     /// Begins a transaction on a connection of `pool`.
     fn begin(pool: &Self::Pool) -> impl Future<Output = Result<Self::Tx, PgError>> + Send;
     /// Runs statements inside `tx`.

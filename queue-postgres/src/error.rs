@@ -61,6 +61,18 @@ pub enum PgError {
         statement: &'static str,
     },
 
+    /// A statement that answers one row per input answered another number: a defect of the
+    /// framework's own SQL, or a connection out of step with its server.
+    #[error("statement {statement} answered {rows} rows for {expected}")]
+    RowsAnswered {
+        /// The statement's file name.
+        statement: &'static str,
+        /// How many rows it answered.
+        rows: usize,
+        /// How many it owed.
+        expected: usize,
+    },
+
     /// A bulk enqueue's ids (`enqueue_ids.sql`) were not one per job: a defect of the
     /// framework's own SQL; nothing was copied.
     #[error("enqueue_ids drew {drawn} ids for {jobs} jobs")]

@@ -180,6 +180,15 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(Some(enqueued))
     }
 
+    /// A bulk enqueue by `COPY`, or by the statements when `COPY` cannot take the jobs.
+    async fn enqueue_copying(&self, jobs: Vec<NewJob>) -> queue_core::Result<Vec<Enqueued>> {
+        if let Some(enqueued) = self.enqueue_by_copy(&jobs).await? {
+            return Ok(enqueued);
+        }
+        let mut conn = D::acquire(&self.inner.pool).await?;
+        Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)
+    }
+
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome
     /// per item in order. Each item is a compare-and-set on `(id, in_flight, generation)`; each
     /// is written as [`Finalize::storable`] makes it; two items for one claim are refused
@@ -416,10 +425,19 @@ impl<D: Driver> Backend for PostgresQueue<D> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        if statement::copies(&jobs)
-            && let Some(enqueued) = self.enqueue_by_copy(&jobs).await?
-        {
-            return Ok(enqueued);
+        if statement::copies(&jobs) {
+            // To its end on a task of its own, whatever the caller does: sqlx does not read the
+            // end of a COPY dropped after its data went out, and hands the connection back
+            // one answer behind the server (its next statements read each other's rows).
+            let queue = self.clone();
+            return tokio::spawn(async move { queue.enqueue_copying(jobs).await })
+                .await
+                .map_err(|e| {
+                    queue_core::Error::backend(
+                        format!("the bulk enqueue's task ended: {e}"),
+                        e.is_cancelled(),
+                    )
+                })?;
         }
         let mut conn = D::acquire(&self.inner.pool).await?;
         Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)

@@ -93,6 +93,7 @@ pub(crate) async fn enqueue<D: Driver>(
     target: &EnqueueTarget<'_>,
     jobs: Vec<NewJob>,
 ) -> Result<Vec<Enqueued>, PgError> {
+    let expected = jobs.len();
     let c = EnqueueColumns::new(jobs);
     let rows = if c.keys.iter().all(Option::is_none) {
         let params = (
@@ -123,6 +124,13 @@ pub(crate) async fn enqueue<D: Driver>(
         );
         D::query(conn, &sql.enqueue, &params).await?
     };
+    if rows.len() != expected {
+        return Err(PgError::RowsAnswered {
+            statement: "enqueue",
+            rows: rows.len(),
+            expected,
+        });
+    }
     rows.iter()
         .map(|row| {
             let id = JobId(get::<D, i64>(row, "id")?);

@@ -356,7 +356,7 @@ impl<D: Driver> PostgresQueue<D> {
         mut progress: impl FnMut(&UpgradeProgress) + Send,
     ) -> Result<UpgradeReport, PgError> {
         let steps = upgrade.steps()?;
-        let mut lock = UpgradeLock::<D>::take(pool, &upgrade.table).await?;
+        let lock = UpgradeLock::<D>::take(pool, &upgrade.table).await?;
         let result = run_steps::<D>(pool, upgrade, &steps, &mut progress).await;
         lock.release().await;
         result
@@ -364,9 +364,20 @@ impl<D: Driver> PostgresQueue<D> {
 }
 
 /// The upgrade's advisory lock, on a connection of its own that stays idle while it is held.
+/// Dropped without [`release`](Self::release) (the caller stopped waiting for the upgrade),
+/// its connection is closed rather than pooled, which releases the lock: a pooled one would
+/// hold it for the connection's lifetime and refuse every later upgrade of the table.
 struct UpgradeLock<D: Driver> {
-    conn: D::Pooled,
+    conn: Option<D::Pooled>,
     table: String,
+}
+
+impl<D: Driver> Drop for UpgradeLock<D> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            D::discard(conn);
+        }
+    }
 }
 
 impl<D: Driver> UpgradeLock<D> {
@@ -384,20 +395,23 @@ impl<D: Driver> UpgradeLock<D> {
             });
         }
         Ok(UpgradeLock {
-            conn,
+            conn: Some(conn),
             table: table.as_str().to_owned(),
         })
     }
 
-    /// Releases the lock; a connection that failed meanwhile has released it already.
-    async fn release(&mut self) {
-        if let Ok(text) = sql::render(sql::UPGRADE_LOCK, &[]) {
-            let _ = D::query(
-                D::pooled(&mut self.conn),
-                &text,
-                &(self.table.as_str(), false),
-            )
-            .await;
+    /// Releases the lock, and the connection to the pool. A connection that failed meanwhile
+    /// has released it already; one whose unlock failed or was dropped half-way is closed (the
+    /// guard's drop).
+    async fn release(mut self) {
+        let (Some(conn), Ok(text)) = (self.conn.as_mut(), sql::render(sql::UPGRADE_LOCK, &[]))
+        else {
+            return;
+        };
+        let unlocked = D::query(D::pooled(conn), &text, &(self.table.as_str(), false)).await;
+        if unlocked.is_ok() {
+            // Back to the pool: the session holds nothing any more.
+            drop(self.conn.take());
         }
     }
 }

@@ -47,6 +47,7 @@ per_driver!(
     drain_waits_for_a_claim_that_started_before_the_pause,
     a_row_another_transaction_holds_holds_up_no_other_renewal,
     a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool,
+    a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step,
 );
 
 /// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
@@ -169,6 +170,95 @@ async fn a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool<D: 
         fresh,
         "the next borrower ran inside the dropped transaction"
     );
+    db.drop_db().await;
+}
+
+/// A bulk enqueue by `COPY` dropped by its caller after the data went out (a timeout around a
+/// large `enqueue_many`) ends on its own, and the pool's connection answers the next
+/// statements with their own rows.
+async fn a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let queue = support::connect_single::<D>(&db, PgQueueConfig::default()).await;
+    // The statements the connection will run after the drop, prepared on it before.
+    queue
+        .enqueue(NewJob::from_value(json!({"warm": true})))
+        .await
+        .unwrap();
+    let warm = queue.claim(req(1)).await.unwrap().jobs;
+    assert_eq!(warm.len(), 1);
+    // The COPY's end waits for a lock the test holds: a statement trigger fires after the
+    // last row, so the client is then waiting for the COPY's answer.
+    sqlx::raw_sql(
+        "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS
+             $$BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END$$;
+         CREATE TRIGGER hold AFTER INSERT ON queue_jobs
+             FOR EACH STATEMENT EXECUTE FUNCTION hold();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut holder = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let jobs: Vec<NewJob> = (0..10_000)
+        .map(|n| NewJob::from_value(json!({ "n": n })))
+        .collect();
+    {
+        let mut enqueue = std::pin::pin!(queue.enqueue_many(jobs));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let polled =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(enqueue.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "the COPY ended past the held lock");
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND query LIKE '%FROM STDIN%'
+                   AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the COPY never reached its end"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // The next statements on the pool's one connection get their own answers.
+    let id = queue
+        .enqueue(NewJob::from_value(json!({"after": true})))
+        .await
+        .unwrap()
+        .id;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 1, "the enqueue's id is its row's");
+    let claimed = queue.claim(req(1)).await.unwrap().jobs;
+    assert_eq!(claimed.len(), 1, "a claim with due jobs takes one");
+    let status: String = sqlx::query_scalar("SELECT status::text FROM queue_jobs WHERE id = $1")
+        .bind(claimed[0].id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "in_flight");
+    let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE payload ? 'n'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(copied, 10_000, "the dropped enqueue ran to its end");
     db.drop_db().await;
 }
 

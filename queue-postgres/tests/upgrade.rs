@@ -21,6 +21,7 @@ per_driver!(
     an_alter_that_cannot_get_its_lock_gives_up_and_changes_nothing,
     an_index_left_invalid_by_a_failed_build_is_refused_then_rebuilt,
     the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish,
+    an_upgrade_its_caller_drops_leaves_no_lock_behind,
 );
 
 /// An adopter's own queue table before the lease, in the pre-lease pattern ADR 0001 describes:
@@ -270,6 +271,53 @@ async fn an_alter_that_cannot_get_its_lock_gives_up_and_changes_nothing<D: TestD
         .await
         .unwrap();
     assert!(report.columns_added);
+    db.drop_db().await;
+}
+
+/// An upgrade its caller stops waiting for (a timeout, an aborted task) lets go of the
+/// table's upgrade lock: a pooled connection would keep it for its lifetime and refuse every
+/// later upgrade as one in progress.
+async fn an_upgrade_its_caller_drops_leaves_no_lock_behind<D: TestDriver>() {
+    let db = legacy_db(STRANDED_ROWS).await;
+    let pool = support::pool::<D>(&db, 2);
+    let holder = hold_the_table(&db).await;
+    let patient = upgrade()
+        .lock_timeout(Duration::from_secs(30))
+        .unwrap()
+        .lock_attempts(1);
+    let running = {
+        let (pool, patient) = (pool.clone(), patient.clone());
+        tokio::spawn(async move {
+            PostgresQueue::<D>::upgrade_legacy_table(&pool, &patient, |_| {}).await
+        })
+    };
+    wait_for_a_waiting_alter(&db).await;
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // pg_locks is the whole server's: this database's advisory locks only.
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory'
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if held == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped upgrade kept its lock"
+        );
+        tokio::task::yield_now().await;
+    }
+    holder.rollback().await.unwrap();
+    PostgresQueue::<D>::upgrade_legacy_table(&pool, &patient, |_| {})
+        .await
+        .expect("the next upgrade is not refused as one in progress");
     db.drop_db().await;
 }
 

@@ -67,6 +67,10 @@ impl Driver for Sqlx {
         conn
     }
 
+    fn discard(mut conn: Self::Pooled) {
+        conn.close_on_drop();
+    }
+
     async fn begin(pool: &PgPool) -> Result<Self::Tx, PgError> {
         Ok(pool.begin().await?)
     }

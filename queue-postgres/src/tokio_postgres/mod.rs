@@ -113,6 +113,11 @@ impl Driver for TokioPostgres {
         TokioPostgresConn::Client(conn)
     }
 
+    fn discard(conn: Object) {
+        // Out of the pool, the client closes its connection when dropped.
+        drop(Object::take(conn));
+    }
+
     async fn begin(pool: &Pool) -> Result<OpenTransaction, PgError> {
         // The guard exists before the BEGIN: a caller that drops this future while the BEGIN
         // is on the wire has its connection rolled back before the pool lends it again (the
