@@ -65,6 +65,13 @@ fn no_savepoints() -> crate::error::Error {
 ///   a generation the store handed out twice (after losing committed writes) still fences,
 ///   because the two claims drew different tokens.
 /// * Clock: lease arithmetic uses the backend's clock only, never the caller's.
+/// * **Cancellation**: a caller may drop any call's future at any point (the worker drops
+///   renewals nobody waits for any more; callers wrap calls in timeouts). A dropped call leaves
+///   no connection in a state the next caller would inherit: a transaction its `BEGIN` opened
+///   is rolled back or its connection closed, never pooled open. Whether the dropped write
+///   happened is unknown, as for any write whose answer was lost: a claim's jobs come back
+///   after their lease, a fenced write is fenced. PostgreSQL's bulk enqueue by `COPY` runs to
+///   its end on a task of its own once started.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// The transaction type in which finalizes and hooks run. Hooks receive `&mut Self::Tx` so
     /// they can stage their own writes (an outbox row, a domain status) atomically with the job.
