@@ -70,8 +70,9 @@ fn no_savepoints() -> crate::error::Error {
 ///   no connection in a state the next caller would inherit: a transaction its `BEGIN` opened
 ///   is rolled back or its connection closed, never pooled open. Whether the dropped write
 ///   happened is unknown, as for any write whose answer was lost: a claim's jobs come back
-///   after their lease, a fenced write is fenced. PostgreSQL's bulk enqueue by `COPY` runs to
-///   its end on a task of its own once started.
+///   after their lease, a fenced write is fenced, an enqueue retried may enqueue twice (unique
+///   keys make the retry a duplicate instead). PostgreSQL's bulk enqueue by `COPY` runs to its
+///   end on a task of its own once started.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// The transaction type in which finalizes and hooks run. Hooks receive `&mut Self::Tx` so
     /// they can stage their own writes (an outbox row, a domain status) atomically with the job.

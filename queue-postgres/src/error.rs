@@ -143,6 +143,16 @@ pub enum PgError {
         timeout: std::time::Duration,
     },
 
+    /// Work the queue runs on a task of its own (a bulk enqueue by `COPY`, the legacy
+    /// upgrade) ended without an answer: it panicked, or the runtime shut down.
+    #[error("the {task} task ended without an answer: {message}")]
+    Task {
+        /// What the task ran.
+        task: &'static str,
+        /// Why it ended.
+        message: String,
+    },
+
     /// The database or the driver failed.
     #[cfg(feature = "sqlx")]
     #[error("postgres: {0}")]

@@ -11,6 +11,7 @@ use queue_core::{
     QueueStats, RetryTarget,
 };
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::config::PgQueueConfig;
 use crate::driver::{Column, Driver, Params};
@@ -185,8 +186,18 @@ impl<D: Driver> PostgresQueue<D> {
         if let Some(enqueued) = self.enqueue_by_copy(&jobs).await? {
             return Ok(enqueued);
         }
+        Ok(self.enqueue_pooled(jobs).await?)
+    }
+
+    /// The enqueue statements on a pooled connection; one that answered with the wrong number
+    /// of rows is out of step with its server and is closed, not pooled.
+    async fn enqueue_pooled(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, PgError> {
         let mut conn = D::acquire(&self.inner.pool).await?;
-        Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)
+        let enqueued = self.enqueue_with(D::pooled(&mut conn), jobs).await;
+        if let Err(PgError::RowsAnswered { .. }) = enqueued {
+            D::discard(conn);
+        }
+        enqueued
     }
 
     /// Applies fenced writes on `conn` (the caller's connection or transaction), one outcome
@@ -430,17 +441,15 @@ impl<D: Driver> Backend for PostgresQueue<D> {
             // end of a COPY dropped after its data went out, and hands the connection back
             // one answer behind the server (its next statements read each other's rows).
             let queue = self.clone();
-            return tokio::spawn(async move { queue.enqueue_copying(jobs).await })
+            let copying = async move { queue.enqueue_copying(jobs).await };
+            return tokio::spawn(copying.instrument(tracing::Span::current()))
                 .await
-                .map_err(|e| {
-                    queue_core::Error::backend(
-                        format!("the bulk enqueue's task ended: {e}"),
-                        e.is_cancelled(),
-                    )
+                .map_err(|e| PgError::Task {
+                    task: "bulk enqueue",
+                    message: e.to_string(),
                 })?;
         }
-        let mut conn = D::acquire(&self.inner.pool).await?;
-        Ok(self.enqueue_with(D::pooled(&mut conn), jobs).await?)
+        Ok(self.enqueue_pooled(jobs).await?)
     }
 
     async fn enqueue_in(

@@ -18,6 +18,7 @@
 use std::time::{Duration, Instant};
 
 use queue_core::QueueName;
+use tracing::Instrument;
 
 use crate::driver::Driver;
 use crate::error::PgError;
@@ -350,16 +351,39 @@ impl<D: Driver> PostgresQueue<D> {
     /// goes. Every phase can be run again; an interrupted upgrade is resumed by running it
     /// again. Refused with [`PgError::LockNotAvailable`] when the `ALTER` did not get its lock
     /// in `lock_attempts` tries (nothing changed then).
+    ///
+    /// Once started, the upgrade runs to its end on a task of its own: a caller that stops
+    /// waiting (a timeout, an aborted task) stops getting progress, not the upgrade, whose
+    /// lock is held until its last step ended (a concurrent index build goes on after its
+    /// client left, and a second upgrade must not find it half-built).
     pub async fn upgrade_legacy_table(
         pool: &D::Pool,
         upgrade: &LegacyUpgrade,
         mut progress: impl FnMut(&UpgradeProgress) + Send,
     ) -> Result<UpgradeReport, PgError> {
         let steps = upgrade.steps()?;
-        let lock = UpgradeLock::<D>::take(pool, &upgrade.table).await?;
-        let result = run_steps::<D>(pool, upgrade, &steps, &mut progress).await;
-        lock.release().await;
-        result
+        let (pool, upgrade) = (pool.clone(), upgrade.clone());
+        let (sent, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(
+            async move {
+                let lock = UpgradeLock::<D>::take(&pool, &upgrade.table).await?;
+                let mut send = |step: &UpgradeProgress| {
+                    // A caller that stopped waiting reads no progress; the upgrade goes on.
+                    let _ = sent.send(step.clone());
+                };
+                let result = run_steps::<D>(&pool, &upgrade, &steps, &mut send).await;
+                lock.release().await;
+                result
+            }
+            .instrument(tracing::Span::current()),
+        );
+        while let Some(step) = received.recv().await {
+            progress(&step);
+        }
+        task.await.map_err(|e| PgError::Task {
+            task: "legacy upgrade",
+            message: e.to_string(),
+        })?
     }
 }
 
@@ -382,9 +406,16 @@ impl<D: Driver> Drop for UpgradeLock<D> {
 
 impl<D: Driver> UpgradeLock<D> {
     async fn take(pool: &D::Pool, table: &TableName) -> Result<Self, PgError> {
-        let mut conn = D::acquire(pool).await?;
         let text = sql::render(sql::UPGRADE_LOCK, &[])?;
-        let rows = D::query(D::pooled(&mut conn), &text, &(table.as_str(), true)).await?;
+        // The guard exists before the lock is asked for: whatever happens between the ask and
+        // its answer, the connection is closed rather than pooled holding the lock. A refusal
+        // closes it too (it holds nothing then; one connection more to open).
+        let mut lock = UpgradeLock {
+            conn: Some(D::acquire(pool).await?),
+            table: table.as_str().to_owned(),
+        };
+        let conn = lock.conn.as_mut().expect("the guard's connection");
+        let rows = D::query(D::pooled(conn), &text, &(table.as_str(), true)).await?;
         let held = match rows.first() {
             Some(row) => D::get::<bool>(row, "held")?,
             None => false,
@@ -394,10 +425,7 @@ impl<D: Driver> UpgradeLock<D> {
                 table: table.to_string(),
             });
         }
-        Ok(UpgradeLock {
-            conn: Some(conn),
-            table: table.as_str().to_owned(),
-        })
+        Ok(lock)
     }
 
     /// Releases the lock, and the connection to the pool. A connection that failed meanwhile

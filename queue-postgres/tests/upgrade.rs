@@ -21,7 +21,7 @@ per_driver!(
     an_alter_that_cannot_get_its_lock_gives_up_and_changes_nothing,
     an_index_left_invalid_by_a_failed_build_is_refused_then_rebuilt,
     the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish,
-    an_upgrade_its_caller_drops_leaves_no_lock_behind,
+    an_upgrade_its_caller_drops_goes_on_and_then_lets_go_of_its_lock,
 );
 
 /// An adopter's own queue table before the lease, in the pre-lease pattern ADR 0001 describes:
@@ -274,15 +274,16 @@ async fn an_alter_that_cannot_get_its_lock_gives_up_and_changes_nothing<D: TestD
     db.drop_db().await;
 }
 
-/// An upgrade its caller stops waiting for (a timeout, an aborted task) lets go of the
-/// table's upgrade lock: a pooled connection would keep it for its lifetime and refuse every
-/// later upgrade as one in progress.
-async fn an_upgrade_its_caller_drops_leaves_no_lock_behind<D: TestDriver>() {
+/// An upgrade its caller stops waiting for (a timeout, an aborted task) goes on to its end,
+/// holding the table's upgrade lock until its last step ended, and then lets go of it: a lock
+/// left on a pooled connection would refuse every later upgrade as one in progress, and one
+/// let go of early would let a second upgrade meet the first one's steps.
+async fn an_upgrade_its_caller_drops_goes_on_and_then_lets_go_of_its_lock<D: TestDriver>() {
     let db = legacy_db(STRANDED_ROWS).await;
-    let pool = support::pool::<D>(&db, 2);
+    let pool = support::pool::<D>(&db, 3);
     let holder = hold_the_table(&db).await;
     let patient = upgrade()
-        .lock_timeout(Duration::from_secs(30))
+        .lock_timeout(Duration::from_secs(60))
         .unwrap()
         .lock_attempts(1);
     let running = {
@@ -294,7 +295,13 @@ async fn an_upgrade_its_caller_drops_leaves_no_lock_behind<D: TestDriver>() {
     wait_for_a_waiting_alter(&db).await;
     running.abort();
     assert!(running.await.unwrap_err().is_cancelled());
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Its ALTER still waits for the table: the upgrade holds its lock.
+    let err = PostgresQueue::<D>::upgrade_legacy_table(&pool, &patient, |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PgError::UpgradeInProgress { .. }), "{err}");
+    holder.rollback().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // pg_locks is the whole server's: this database's advisory locks only.
         let held: i64 = sqlx::query_scalar(
@@ -314,7 +321,13 @@ async fn an_upgrade_its_caller_drops_leaves_no_lock_behind<D: TestDriver>() {
         );
         tokio::task::yield_now().await;
     }
-    holder.rollback().await.unwrap();
+    let stamped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM invoice_jobs WHERE status = 'completed' AND finished_at IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stamped, 1, "the dropped upgrade ran to its end");
     PostgresQueue::<D>::upgrade_legacy_table(&pool, &patient, |_| {})
         .await
         .expect("the next upgrade is not refused as one in progress");

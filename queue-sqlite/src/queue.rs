@@ -29,6 +29,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row as _, Sqlite, SqlitePool};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::error::SqliteError;
 use crate::schema::{self, COLUMNS, TableName};
@@ -833,7 +834,8 @@ fn split_run_at(run_at: RunAt) -> (Option<f64>, Option<f64>) {
 /// going back to the pool, and SQLite rolls back whatever it left.
 pub struct SqliteTx {
     conn: PoolConnection<Sqlite>,
-    /// `BEGIN` ran, and no `COMMIT` or `ROLLBACK` has succeeded since.
+    /// `BEGIN` was sent (or may have been: it counts from before the statement), and no
+    /// `COMMIT` or `ROLLBACK` has succeeded since.
     open: bool,
     path: String,
     wake: Option<Arc<Notify>>,
@@ -1707,15 +1709,24 @@ impl Backend for SqliteQueue {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        // The worker drops a renewal call its askers stopped waiting for: the transaction's
-        // guard then closes the connection, whatever point the call had reached.
-        let mut tx = self.begin_immediate().await?;
-        let mut answers = Vec::with_capacity(claims.len());
-        for &claim in claims {
-            answers.push(Some(self.extend_on(tx.conn(), claim, lease).await?));
-        }
-        tx.commit_now().await?;
-        Ok(answers)
+        // On a task of its own: the worker drops a renewal call its askers stopped waiting
+        // for, and the transaction's guard would then close the connection (safe, but a new
+        // connection for every call dropped while it waited for the write lock).
+        let (queue, claims) = (self.clone(), claims.to_vec());
+        let renewing = async move {
+            let mut tx = queue.begin_immediate().await?;
+            let mut answers = Vec::with_capacity(claims.len());
+            for claim in claims {
+                answers.push(Some(queue.extend_on(tx.conn(), claim, lease).await?));
+            }
+            tx.commit_now().await?;
+            Ok::<_, queue_core::Error>(answers)
+        };
+        tokio::spawn(renewing.instrument(tracing::Span::current()))
+            .await
+            .map_err(|e| {
+                queue_core::Error::backend(format!("the renewal task ended: {e}"), false)
+            })?
     }
 
     async fn cancel_in(&self, tx: &mut SqliteTx, id: JobId) -> queue_core::Result<CancelTarget> {

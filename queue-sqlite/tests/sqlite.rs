@@ -555,8 +555,11 @@ async fn a_transaction_sqlite_rolled_back_by_itself_leaves_no_connection_broken(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_dropped_while_its_begin_waits_leaves_no_lock_behind() {
     let scratch = Scratch::new("dropped-begin");
+    // A busy timeout far past the caller's patience: the BEGIN is still waiting when the
+    // caller gives up, however slowly the machine hands over the pooled connection.
     let one = OpenOptions {
         max_connections: 1,
+        busy_timeout: Duration::from_secs(60),
         ..OpenOptions::default()
     };
     let queue = queue_at(&scratch.db(), &one).await;
@@ -568,9 +571,9 @@ async fn a_transaction_dropped_while_its_begin_waits_leaves_no_lock_behind() {
         .execute(&mut *holder)
         .await
         .unwrap();
-    // The BEGIN reaches SQLite at once and waits (busy timeout 5 s) for the holder's lock;
-    // the caller stops waiting long before.
-    let gave_up = tokio::time::timeout(Duration::from_millis(300), queue.begin()).await;
+    // The BEGIN reaches SQLite at once and waits for the holder's lock; the caller stops
+    // waiting after two seconds.
+    let gave_up = tokio::time::timeout(Duration::from_secs(2), queue.begin()).await;
     assert!(gave_up.is_err(), "the BEGIN could not have taken the lock");
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut *holder)
