@@ -127,22 +127,35 @@ async fn a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool<D: 
         .await
         .unwrap()
     };
+    // Whether the server shows the BEGIN ran within `patience`, the begin not polled meanwhile.
+    let ran_within = |patience: Duration| async move {
+        let until = std::time::Instant::now() + patience;
+        loop {
+            if in_transaction().await > 0 {
+                return true;
+            }
+            if std::time::Instant::now() > until {
+                return false;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
     let mut reached = false;
     for _ in 0..20 {
         let mut begin = std::pin::pin!(queue.begin());
-        // Poll the BEGIN along (never to its end) until the server shows it ran.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Poll the begin one step at a time (never to its end); after each step, give the
+        // server a moment to show a BEGIN that step sent (the pool's own steps come first).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let finished = loop {
             let polled =
                 std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
             if let std::task::Poll::Ready(tx) = polled {
                 break Some(tx.unwrap());
             }
-            if in_transaction().await > 0 {
+            if ran_within(Duration::from_secs(1)).await {
                 break None;
             }
             assert!(std::time::Instant::now() < deadline, "the BEGIN never ran");
-            tokio::task::yield_now().await;
         };
         match finished {
             // The answer came back before the server was asked: no window this time.
