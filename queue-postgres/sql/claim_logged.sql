@@ -11,64 +11,13 @@
 -- rows of "{{table}}_claim_starts" that left it. The rows returned are the claimed jobs (marker
 -- NULL), then a row marked 'stale' when the statement's snapshot was stale (it claimed nothing:
 -- try again, the lock first), a row marked 'fold' when claims must be folded first (it claimed
--- nothing: fold, then try again), and a row marked 'turns' when {{turns}} holds
+-- nothing: fold, then try again), a row marked 'turns' when {{turns}} holds
 -- (claim_limited.sql: its pick would put a partition over its limit, so it claimed nothing;
--- claim_turns.sql claims instead).
-key_claims AS (
-    SELECT c.partition_key AS key, count(*) AS jobs
-    FROM claimed AS c
-    WHERE c.partition_key IS NOT NULL AND (SELECT tally_per_ms FROM quota) IS NOT NULL
-    GROUP BY c.partition_key
-),
-key_logged AS (
-    INSERT INTO "{{table}}_starts" AS s (queue, partition_key, rate_log, last_at)
-    SELECT $1, k.key, jsonb_build_array(jsonb_build_array(q.now_ms, k.jobs)), q.now_at
-    FROM key_claims AS k
-    CROSS JOIN quota AS q
-    WHERE NOT q.unbound
-    ON CONFLICT (queue, partition_key) DO UPDATE
-    SET rate_log = COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(s.rate_log) AS e
-                             WHERE (e ->> 0)::float8
-                                   > (SELECT now_ms - tally_per_ms FROM quota)), '[]')
-                   || EXCLUDED.rate_log,
-        last_at = EXCLUDED.last_at
-),
-claim_started AS (
-    -- The claim's row, numbered by the claims counter it leaves (logged's claims + 1).
-    INSERT INTO "{{table}}_claim_starts" (queue, claim, at_ms, keys, jobs)
-    SELECT $1, (SELECT claims FROM control) + 1, q.now_ms, array_agg(k.key), array_agg(k.jobs)
-    FROM key_claims AS k
-    CROSS JOIN quota AS q
-    WHERE q.unbound
-    GROUP BY q.now_ms
-),
-claim_starts_pruned AS (
-    -- A row whose claim left the window counts for no partition any more, whenever it is read.
-    DELETE FROM "{{table}}_claim_starts" AS s
-    WHERE s.queue = $1
-      AND (SELECT claims FROM control) % 64 = 0
-      AND s.at_ms <= (SELECT now_ms - tally_per_ms FROM quota)
-),
-key_pruned AS (
-    -- Every 64th limited claim of the queue (by its claims counter), so that the read of the
-    -- queue's rows here (by primary key, no index of last_at: that would take the rewrites of
-    -- key_logged off the heap-only path) is paid once in many claims. The age is checked on
-    -- the row deleted too, not only in the subquery: a row logged since this statement's
-    -- snapshot (a stale statement's) is read again as it is now and kept.
-    DELETE FROM "{{table}}_starts" AS s
-    WHERE s.queue = $1
-      AND NOT (SELECT bool_or(stale) FROM quota)
-      AND (SELECT claims FROM control) % 64 = 0
-      AND s.last_at < (SELECT now_at - make_interval(secs => tally_per_ms / 1000.0) FROM quota)
-      AND s.partition_key IN (
-          SELECT o.partition_key
-          FROM "{{table}}_starts" AS o
-          WHERE o.queue = $1
-            AND o.last_at < (SELECT now_at - make_interval(secs => tally_per_ms / 1000.0)
-                             FROM quota)
-            AND o.partition_key NOT IN (SELECT key FROM key_claims)
-          LIMIT 100)
-),
+-- claim_turns.sql claims instead), and a row marked 'partitioned' when the lean form of
+-- claim_limited.sql met a queue with limits per partition (it claimed nothing: claim with the
+-- full form). The per-partition logging is claim_logged_partitions.sql, rendered in place of
+-- the partition_logs token (nothing in the lean form).
+{{partition_logs}}
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
@@ -124,4 +73,7 @@ WHERE (SELECT bool_or(must_fold AND NOT stale) FROM quota)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'turns'
 WHERE {{turns}}
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'partitioned'
+WHERE (SELECT bool_or(refused AND NOT stale) FROM quota)
 ORDER BY due_at, priority, id

@@ -12,7 +12,9 @@
 -- made while unbound must be folded into the partitions' logs before this one counts them
 -- (must_fold: the statement then claims nothing and says so; fold_starts.sql folds), and the
 -- time the claim counts by (now_at, and now_ms in epoch milliseconds: clock_timestamp once
--- the lock is held, one instant for the whole statement); held, with max_per_partition, the
+-- the lock is held, one instant for the whole statement), whether the lean form of
+-- claim_limited.sql (rendered with the lean token true) refuses the queue because it has limits
+-- per partition (refused: it then claims nothing and says so); held, with max_per_partition, the
 -- queue's jobs in flight per partition key (every in-flight row counts, as for max_in_flight),
 -- one read of the in-flight rows made a jsonb object, read by key in O(log n) (claim_turns.sql
 -- reads it; claim_limited.sql counts its picks another way, and an unread CTE never runs).
@@ -36,7 +38,8 @@ seen AS MATERIALIZED (
 ),
 quota AS MATERIALIZED (
     SELECT c.claims IS DISTINCT FROM (SELECT claims FROM seen) AS stale,
-           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold THEN 0
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold
+                     OR l.refused THEN 0
            -- Without max_in_flight, no count: NULL minus a subquery still runs the subquery.
            WHEN c.max_in_flight IS NULL THEN r.room
            ELSE LEAST(GREATEST(0, c.max_in_flight - (
@@ -44,7 +47,8 @@ quota AS MATERIALIZED (
                     WHERE j.queue = $1 AND j.status = 'in_flight')),
                     r.room)
            END AS new_jobs,
-           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold THEN 0
+           CASE WHEN c.claims IS DISTINCT FROM (SELECT claims FROM seen) OR f.must_fold
+                     OR l.refused THEN 0
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
            c.partition_cursor AS cursor_key,
@@ -54,9 +58,17 @@ quota AS MATERIALIZED (
            k.per_ms AS tally_per_ms,
            g.unbound,
            f.must_fold,
+           l.refused,
            t.now_at,
            t.now_ms
     FROM control AS c
+    CROSS JOIN LATERAL (
+        -- The lean form of claim_limited.sql ({{lean}} true) leaves the partitions out: it
+        -- claims nothing from a queue with limits per partition and says so.
+        SELECT {{lean}} AND (c.max_per_partition IS NOT NULL
+                             OR (c.partition_rate_starts IS NOT NULL
+                                 AND c.partition_rate_per_ms IS NOT NULL)) AS refused
+    ) AS l
     CROSS JOIN LATERAL (
         SELECT x.at AS now_at, extract(epoch FROM x.at)::float8 * 1000 AS now_ms
         FROM (SELECT clock_timestamp() AS at) AS x
@@ -81,7 +93,9 @@ quota AS MATERIALIZED (
                      - (c.partition_tally ->> 'bucket')::bigint AS ahead) AS a
     ) AS g
     CROSS JOIN LATERAL (
-        SELECT k.per_ms IS NOT NULL AND NOT g.unbound
+        -- (Never in the lean form, which refuses a queue with a rate per partition: the
+        -- constant lets the planner drop the read of "{{table}}_claim_starts".)
+        SELECT NOT {{lean}} AND k.per_ms IS NOT NULL AND NOT g.unbound
                AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
                AS must_fold
     ) AS f
@@ -96,7 +110,7 @@ quota AS MATERIALIZED (
     ) AS r
     UNION ALL
     SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text, false, NULL::integer,
-           NULL::bigint, NULL::bigint, false, false, clock_timestamp(),
+           NULL::bigint, NULL::bigint, false, false, false, clock_timestamp(),
            extract(epoch FROM clock_timestamp())::float8 * 1000
     WHERE NOT EXISTS (SELECT 1 FROM control)
 ),

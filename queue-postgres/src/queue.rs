@@ -65,6 +65,9 @@ const LIMITS_RECHECK: Duration = Duration::from_secs(1);
 struct LimitsSeen {
     at: Option<std::time::Instant>,
     limited: bool,
+    /// Limits per partition among them: claims start with the full form of
+    /// `claim_limited.sql`, not the lean one.
+    partitioned: bool,
 }
 
 impl<D: Driver> Clone for PostgresQueue<D> {
@@ -287,16 +290,38 @@ impl<D: Driver> PostgresQueue<D> {
         let mut conn = D::acquire(&inner.pool).await?;
         let control =
             statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
-        self.saw_limits(!control.limits.is_none());
+        self.saw_limits(&control.limits);
         Ok(!control.limits.is_none())
     }
 
-    fn saw_limits(&self, limited: bool) {
+    fn saw_limits(&self, limits: &QueueLimits) {
         let mut seen = self.inner.limits_seen.lock().expect("limits lock");
         *seen = LimitsSeen {
             at: Some(std::time::Instant::now()),
-            limited,
+            limited: !limits.is_none(),
+            partitioned: limits.max_per_partition.is_some() || limits.rate_per_partition.is_some(),
         };
+    }
+
+    /// The form a limited claim starts with: the lean one unless the queue was last seen with
+    /// limits per partition (the lean form refuses a queue that has them since).
+    fn first_limited_form(&self) -> LimitedForm {
+        let seen = self.inner.limits_seen.lock().expect("limits lock");
+        if seen.partitioned {
+            LimitedForm::Pick
+        } else {
+            LimitedForm::Lean
+        }
+    }
+
+    /// A claim found limits per partition the handle had not seen: the full form from now on,
+    /// until the limits are read again.
+    fn saw_partitions(&self) {
+        self.inner
+            .limits_seen
+            .lock()
+            .expect("limits lock")
+            .partitioned = true;
     }
 
     /// A claim of a queue with limits: one statement that takes the queue's row lock and
@@ -311,7 +336,7 @@ impl<D: Driver> PostgresQueue<D> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
         let mut jobs = Vec::new();
-        let mut form = LimitedForm::Pick;
+        let mut form = self.first_limited_form();
         let fold = {
             let mut conn = D::acquire(&inner.pool).await?;
             loop {
@@ -327,6 +352,11 @@ impl<D: Driver> PostgresQueue<D> {
                 jobs.extend(claim.jobs);
                 if claim.stale || claim.fold {
                     break claim.fold;
+                }
+                if claim.partitioned {
+                    self.saw_partitions();
+                    form = LimitedForm::Pick;
+                    continue;
                 }
                 if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {
                     return Ok(ClaimBatch { jobs });
@@ -346,6 +376,11 @@ impl<D: Driver> PostgresQueue<D> {
                 statement::claim_limited::<D>(D::in_tx(&mut tx), &inner.sql, queue, &rest, form)
                     .await?;
             jobs.extend(claim.jobs);
+            if claim.partitioned {
+                self.saw_partitions();
+                form = LimitedForm::Pick;
+                continue;
+            }
             // A claim that came here stale may find it must fold first; once folded under the
             // lock nothing is left to fold (a second request would be a defect, and claiming
             // nothing the safe answer to it).
@@ -360,7 +395,7 @@ impl<D: Driver> PostgresQueue<D> {
             form = LimitedForm::Turns;
         }
         D::commit(tx).await?;
-        self.saw_limits(!limits.is_none());
+        self.saw_limits(&limits);
         Ok(ClaimBatch { jobs })
     }
 
@@ -816,7 +851,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         let control =
             statement::set_limits::<D>(D::in_tx(&mut tx), &inner.sql, queue, &limits).await?;
         D::commit(tx).await?;
-        self.saw_limits(!control.limits.is_none());
+        self.saw_limits(&control.limits);
         queue_core::events::queue_limits_set(queue, &limits);
         Ok(control)
     }

@@ -41,6 +41,8 @@ pub(crate) const CLAIM_KEY_STARTED: Template = template!("claim_key_started.sql"
 pub(crate) const CLAIM_WALK_ROOM: Template = template!("claim_walk_room.sql");
 pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
 pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
+pub(crate) const CLAIM_LOGGED_PARTITIONS: Template = template!("claim_logged_partitions.sql");
+pub(crate) const CLAIM_BINDING: Template = template!("claim_binding.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -384,12 +386,19 @@ const LIMITED_PICKS: Picks<'static> = Picks {
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
-    let quota = for_table(CLAIM_QUOTA, table)?;
+    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "false")])?;
     let started = key_started(table, "k.key")?;
+    let binding = for_table_with(CLAIM_BINDING, table, &[("key_started", &started)])?;
     let logged = for_table_with(
         CLAIM_LOGGED,
         table,
-        &[("turns", "(SELECT binds FROM binding)")],
+        &[
+            ("turns", "(SELECT binds FROM binding)"),
+            (
+                "partition_logs",
+                &for_table(CLAIM_LOGGED_PARTITIONS, table)?,
+            ),
+        ],
     )?;
     for_table_with(
         CLAIM_LIMITED,
@@ -397,6 +406,7 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
         &[
             ("claim_quota", &quota),
             ("claim_due", &due),
+            ("binding", &binding),
             ("claim_picks", &picks),
             ("claim_logged", &logged),
             ("key_started", &started),
@@ -404,13 +414,48 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     )
 }
 
+/// The lean form of `claim_limited.sql` for `table`, for a queue without limits per partition:
+/// every due job and takeover a candidate, no binding check, nothing logged per partition
+/// (the executor opens none of the partition tables). Meeting limits per partition (set since
+/// the handle last looked), it claims nothing and returns a row marked `partitioned`.
+pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
+    let (due, picks) = claim_parts(table, &QUOTA_PICKS, None)?;
+    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "true")])?;
+    let logged = for_table_with(
+        CLAIM_LOGGED,
+        table,
+        &[("turns", "false"), ("partition_logs", "")],
+    )?;
+    for_table_with(
+        CLAIM_LIMITED,
+        table,
+        &[
+            ("claim_quota", &quota),
+            ("claim_due", &due),
+            ("binding", "SELECT false AS binds"),
+            ("claim_picks", &picks),
+            ("claim_logged", &logged),
+        ],
+    )
+}
+
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
-    let quota = for_table(CLAIM_QUOTA, table)?;
+    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "false")])?;
     let started = key_started(table, "f.partition_key")?;
     let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
-    let logged = for_table_with(CLAIM_LOGGED, table, &[("turns", "false")])?;
+    let logged = for_table_with(
+        CLAIM_LOGGED,
+        table,
+        &[
+            ("turns", "false"),
+            (
+                "partition_logs",
+                &for_table(CLAIM_LOGGED_PARTITIONS, table)?,
+            ),
+        ],
+    )?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();
     let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
     for_table_with(
@@ -516,6 +561,7 @@ pub(crate) struct Sql {
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_limited: Arc<str>,
+    pub(crate) claim_limited_lean: Arc<str>,
     pub(crate) claim_turns: Arc<str>,
     pub(crate) lock_queue: Arc<str>,
     pub(crate) fold_starts: Arc<str>,
@@ -555,6 +601,7 @@ impl Sql {
             notify: r(NOTIFY)?,
             claim: claim(table)?.into(),
             claim_limited: claim_limited(table)?.into(),
+            claim_limited_lean: claim_limited_lean(table)?.into(),
             claim_turns: claim_turns(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
             fold_starts: r(FOLD_STARTS)?,
@@ -698,6 +745,27 @@ mod tests {
                 .starts_with(claim_first_line())
         );
         assert!(claim_turns(&table).unwrap().starts_with(claim_first_line()));
+        let lean = claim_limited_lean(&table).unwrap();
+        assert!(lean.starts_with(claim_first_line()));
+        // The lean form writes none of the partition tables, and reads only the queue's
+        // pending claims, behind a constant false (the planner drops it).
+        let code = |text: &str| -> String {
+            text.lines()
+                .filter(|line| !line.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let lean = code(&lean);
+        assert!(!lean.contains("\"queue_jobs_starts\""), "{lean}");
+        assert_eq!(
+            lean.matches("\"queue_jobs_claim_starts\"").count(),
+            1,
+            "{lean}"
+        );
+        assert!(lean.contains("NOT true AND k.per_ms IS NOT NULL"), "{lean}");
+        let full = code(&claim_limited(&table).unwrap());
+        assert!(full.contains("INTO \"queue_jobs_claim_starts\""));
+        assert!(full.contains("INTO \"queue_jobs_starts\""));
     }
 
     #[test]

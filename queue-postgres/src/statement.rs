@@ -704,10 +704,12 @@ pub(crate) async fn fold_starts<D: Driver>(
     Ok(())
 }
 
-/// Which statement claims from a queue with limits: `claim_limited.sql`, or `claim_turns.sql`
-/// for a queue whose partitions take turns.
+/// Which statement claims from a queue with limits: `claim_limited.sql` in its lean form (a
+/// queue without limits per partition), in its full form, or `claim_turns.sql` for a queue
+/// whose partitions take turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LimitedForm {
+    Lean,
     Pick,
     Turns,
 }
@@ -726,9 +728,12 @@ pub(crate) struct LimitedClaim {
     /// partitions' logs, and this claim counts per partition: it claimed nothing; run
     /// [`fold_starts`] after [`lock_queue`], then claim again in that transaction.
     pub(crate) fold: bool,
+    /// The lean form met a queue with limits per partition: it claimed nothing; claim with
+    /// the full form.
+    pub(crate) partitioned: bool,
 }
 
-/// `claim_limited.sql` or `claim_turns.sql`.
+/// `claim_limited.sql` (either form) or `claim_turns.sql`.
 pub(crate) async fn claim_limited<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
@@ -739,6 +744,7 @@ pub(crate) async fn claim_limited<D: Driver>(
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
     let statement = match form {
+        LimitedForm::Lean => &sql.claim_limited_lean,
         LimitedForm::Pick => &sql.claim_limited,
         LimitedForm::Turns => &sql.claim_turns,
     };
@@ -749,6 +755,7 @@ pub(crate) async fn claim_limited<D: Driver>(
             None => claim.jobs.push(claimed_job::<D>(row)?),
             Some("stale") => claim.stale = true,
             Some("fold") => claim.fold = true,
+            Some("partitioned") => claim.partitioned = true,
             Some(_) => claim.turns = true,
         }
     }

@@ -48,6 +48,7 @@ per_driver!(
     a_row_another_transaction_holds_holds_up_no_other_renewal,
     a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool,
     a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step,
+    limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim,
 );
 
 /// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
@@ -272,6 +273,47 @@ async fn a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step<D: Test
         .await
         .unwrap();
     assert_eq!(copied, 10_000, "the dropped enqueue ran to its end");
+    db.drop_db().await;
+}
+
+/// A handle that last saw its queue with a queue limit only claims with the lean form of the
+/// limited claim (no partition tables); limits per partition that another handle set since
+/// still hold for its very next claim: the lean form refuses the queue, and the full form
+/// claims by them.
+async fn limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim<D: TestDriver>() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let a = support::connect_default::<D>(&db).await;
+    let b = support::connect_default::<D>(&db).await;
+    let partner = (0..4)
+        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key("partner"))
+        .collect();
+    a.enqueue_many(partner).await.unwrap();
+    let queue_limit = QueueLimits {
+        max_in_flight: Some(100),
+        ..QueueLimits::NONE
+    };
+    a.set_limits(queue_limit).await.unwrap();
+    // a's first claim reads the limits (and takes one job by them); it trusts them a second.
+    assert_eq!(a.claim(req(1)).await.unwrap().jobs.len(), 1);
+    b.set_limits(QueueLimits {
+        max_per_partition: Some(2),
+        ..queue_limit
+    })
+    .await
+    .unwrap();
+    let claimed = a.claim(req(4)).await.unwrap().jobs;
+    assert_eq!(
+        claimed.len(),
+        1,
+        "one more of the partner's jobs, to two in flight"
+    );
+    let in_flight: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(in_flight, 2);
     db.drop_db().await;
 }
 
