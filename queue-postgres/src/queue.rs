@@ -366,6 +366,12 @@ impl<D: Driver> PostgresQueue<D> {
         };
         let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        if form == LimitedForm::Lean
+            && (limits.max_per_partition.is_some() || limits.rate_per_partition.is_some())
+        {
+            // The lock's read of the limits shows what a lean claim would refuse.
+            form = LimitedForm::Pick;
+        }
         if fold {
             statement::fold_starts::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
         }
