@@ -299,7 +299,7 @@ impl<D: Driver> PostgresQueue<D> {
         *seen = LimitsSeen {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
-            partitioned: limits.max_per_partition.is_some() || limits.rate_per_partition.is_some(),
+            partitioned: limits.partitioned(),
         };
     }
 
@@ -366,9 +366,7 @@ impl<D: Driver> PostgresQueue<D> {
         };
         let mut tx = D::begin(&inner.pool).await?;
         let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-        if form == LimitedForm::Lean
-            && (limits.max_per_partition.is_some() || limits.rate_per_partition.is_some())
-        {
+        if form == LimitedForm::Lean && limits.partitioned() {
             // The lock's read of the limits shows what a lean claim would refuse.
             form = LimitedForm::Pick;
         }

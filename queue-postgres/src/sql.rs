@@ -382,24 +382,35 @@ const LIMITED_PICKS: Picks<'static> = Picks {
     ..QUOTA_PICKS
 };
 
+/// `claim_quota.sql` and `claim_logged.sql` as a limited claim renders them: the lean form's
+/// (refusing limits per partition, logging nothing per partition) or the full forms', with
+/// `turns` as the condition of the row marked `turns`.
+fn limited_ends(table: &TableName, lean: bool, turns: &str) -> Result<(String, String), PgError> {
+    let quota = for_table_with(
+        CLAIM_QUOTA,
+        table,
+        &[("lean", if lean { "true" } else { "false" })],
+    )?;
+    let partition_logs = if lean {
+        String::new()
+    } else {
+        for_table(CLAIM_LOGGED_PARTITIONS, table)?
+    };
+    let logged = for_table_with(
+        CLAIM_LOGGED,
+        table,
+        &[("turns", turns), ("partition_logs", &partition_logs)],
+    )?;
+    Ok((quota, logged))
+}
+
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
-    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "false")])?;
+    let (quota, logged) = limited_ends(table, false, "(SELECT binds FROM binding)")?;
     let started = key_started(table, "k.key")?;
     let binding = for_table_with(CLAIM_BINDING, table, &[("key_started", &started)])?;
-    let logged = for_table_with(
-        CLAIM_LOGGED,
-        table,
-        &[
-            ("turns", "(SELECT binds FROM binding)"),
-            (
-                "partition_logs",
-                &for_table(CLAIM_LOGGED_PARTITIONS, table)?,
-            ),
-        ],
-    )?;
     for_table_with(
         CLAIM_LIMITED,
         table,
@@ -420,12 +431,7 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
 /// the handle last looked), it claims nothing and returns a row marked `partitioned`.
 pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &QUOTA_PICKS, None)?;
-    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "true")])?;
-    let logged = for_table_with(
-        CLAIM_LOGGED,
-        table,
-        &[("turns", "false"), ("partition_logs", "")],
-    )?;
+    let (quota, logged) = limited_ends(table, true, "false")?;
     for_table_with(
         CLAIM_LIMITED,
         table,
@@ -442,20 +448,9 @@ pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
-    let quota = for_table_with(CLAIM_QUOTA, table, &[("lean", "false")])?;
+    let (quota, logged) = limited_ends(table, false, "false")?;
     let started = key_started(table, "f.partition_key")?;
     let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
-    let logged = for_table_with(
-        CLAIM_LOGGED,
-        table,
-        &[
-            ("turns", "false"),
-            (
-                "partition_logs",
-                &for_table(CLAIM_LOGGED_PARTITIONS, table)?,
-            ),
-        ],
-    )?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();
     let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
     for_table_with(
