@@ -79,3 +79,9 @@ CREATE TABLE IF NOT EXISTS "exchange_send_jobs_claim_starts" (
     jobs   bigint[] NOT NULL,
     PRIMARY KEY (queue, claim)
 );
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS partition_slots integer[];
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ALTER COLUMN partition_slots SET STORAGE PLAIN;

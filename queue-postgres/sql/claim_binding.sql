@@ -22,7 +22,7 @@
         SELECT 1
         FROM (SELECT p.partition_key AS key, count(*) AS picks
               FROM plain AS p
-              WHERE p.partition_key IS NOT NULL AND (SELECT key_rate_starts FROM quota) IS NOT NULL
+              WHERE p.partition_key IS NOT NULL AND (SELECT key_rate_starts FROM rated) IS NOT NULL
               GROUP BY p.partition_key) AS k
-        WHERE k.picks > (SELECT key_rate_starts FROM quota) - {{key_started}}) AS binds
+        WHERE k.picks > (SELECT key_rate_starts FROM rated) - {{key_started}}) AS binds
 

@@ -29,18 +29,24 @@
 -- partition, counting its claims within the window): binding. Otherwise the
 -- statement takes nothing (no takeover either) and says so (a row marked 'turns'), and the
 -- caller runs claim_turns.sql, where the partitions take turns and the takeovers are merged
--- with their offers in claim order (queue_core::partition says the rule).
+-- with their offers in claim order (queue_core::partition says the rule). With a rate per
+-- partition, whether the partitions are counted is decided once the pick is known (rated,
+-- claim_rated.sql: not while the queue's tally, or its tally per slot of partition keys,
+-- shows the pick cannot put a partition over its rate); when they are and claims made while
+-- they were not must be folded into the partitions' logs first, the statement takes nothing
+-- (no pick, no takeover) and returns a row marked 'fold'.
 WITH {{claim_quota}},
 plain AS MATERIALIZED (
 {{claim_due}}
 ),
+{{rated}},
 binding AS MATERIALIZED (
 {{binding}}
 ),
 due AS MATERIALIZED (
     SELECT id, next_attempt_at, priority, reclaims, expired, partition_key
     FROM plain
-    WHERE NOT (SELECT binds FROM binding)
+    WHERE NOT (SELECT binds FROM binding) AND NOT (SELECT must_fold FROM rated)
 ),
 {{claim_picks}},
 next_cursor AS MATERIALIZED (

@@ -12,7 +12,7 @@ key_logged AS (
     SELECT $1, k.key, jsonb_build_array(jsonb_build_array(q.now_ms, k.jobs)), q.now_at
     FROM key_claims AS k
     CROSS JOIN quota AS q
-    WHERE NOT q.unbound
+    WHERE NOT (SELECT unbound FROM rated)
     ON CONFLICT (queue, partition_key) DO UPDATE
     SET rate_log = COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(s.rate_log) AS e
                              WHERE (e ->> 0)::float8
@@ -26,7 +26,7 @@ claim_started AS (
     SELECT $1, (SELECT claims FROM control) + 1, q.now_ms, array_agg(k.key), array_agg(k.jobs)
     FROM key_claims AS k
     CROSS JOIN quota AS q
-    WHERE q.unbound
+    WHERE (SELECT unbound FROM rated)
     GROUP BY q.now_ms
 ),
 claim_starts_pruned AS (

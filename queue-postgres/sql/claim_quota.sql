@@ -10,7 +10,11 @@
 -- queue's tally leaves room for the whole claim, unbound: then no partition can go over its
 -- rate and none is read), its window whenever the queue has one (tally_per_ms), whether claims
 -- made while unbound must be folded into the partitions' logs before this one counts them
--- (must_fold: the statement then claims nothing and says so; fold_starts.sql folds), and the
+-- (must_fold: the statement then claims nothing and says so; fold_starts.sql folds; with the
+-- after_pick token true, claim_limited.sql's, never here: claim_rated.sql decides it once the
+-- pick is known), the tally per slot of partition keys (slots_kept: it counts the tally's
+-- window; slots_usable: it bounds every partition's starts within the sliding window,
+-- slot_base plus the partition's slot's count in slot_counts), and the
 -- time the claim counts by (now_at, and now_ms in epoch milliseconds: clock_timestamp once
 -- the lock is held, one instant for the whole statement), whether the lean form of
 -- claim_limited.sql (rendered with the lean token true) refuses the queue because it has limits
@@ -25,10 +29,21 @@
 -- the tally has counted for a whole window (since). Another window length makes the tally start
 -- again (not unbound for a window); while the clock is behind the tally's window (it stepped
 -- back), the claims count per partition.
+--
+-- The queue also counts those jobs per slot of their partition keys (claim_slot.sql) in the
+-- tally's window: partition_slots (table migration 20261209000001), kept while the tally's
+-- slots_at is its window; the tally's slots_jobs says how many of its jobs the slots counted.
+-- The rest (untracked: claims the tally's sum left room for, which skip the slots, and claims
+-- of a release without them, which move jobs but not slots_jobs) may be in any slot, so every
+-- slot is charged them. The tally's slot_before bounds every slot of the window before (its
+-- highest count plus its untracked jobs; that window's jobs when its slots were not kept). A
+-- partition's starts within the sliding window are at most its slot's count plus slot_base,
+-- so a claim whose picks leave room in each of their slots cannot put a partition over its
+-- rate, although the queue's sum could (claim_rated.sql).
 control AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.max_per_partition, c.partition_cursor, c.partition_rate_starts,
-           c.partition_rate_per_ms, c.partition_tally
+           c.partition_rate_per_ms, c.partition_tally, c.partition_slots
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
     FOR UPDATE
@@ -58,6 +73,12 @@ quota AS MATERIALIZED (
            k.per_ms AS tally_per_ms,
            g.unbound,
            f.must_fold,
+           v.kept AS slots_kept,
+           COALESCE(a.whole AND a.ahead >= 0 AND v.kept, false) AS slots_usable,
+           CASE a.ahead WHEN 0 THEN (c.partition_tally ->> 'slot_before')::bigint + v.untracked
+                        WHEN 1 THEN v.untracked
+                        ELSE 0 END AS slot_base,
+           CASE WHEN a.ahead <= 1 THEN c.partition_slots END AS slot_counts,
            l.refused,
            t.now_at,
            t.now_ms
@@ -78,10 +99,17 @@ quota AS MATERIALIZED (
                AS per_ms
     ) AS k
     CROSS JOIN LATERAL (
+        -- ahead: how many windows the clock is past the tally's; whole: the tally counted
+        -- every claim of the sliding window (its window length, since a whole window).
+        SELECT floor(t.now_ms / k.per_ms)::bigint
+               - (c.partition_tally ->> 'bucket')::bigint AS ahead,
+               k.per_ms IS NOT NULL
+               AND (c.partition_tally ->> 'per_ms')::bigint = k.per_ms
+               AND (c.partition_tally ->> 'since')::float8 <= t.now_ms - k.per_ms AS whole
+    ) AS a
+    CROSS JOIN LATERAL (
         SELECT COALESCE(
-                   k.per_ms IS NOT NULL
-                   AND (c.partition_tally ->> 'per_ms')::bigint = k.per_ms
-                   AND (c.partition_tally ->> 'since')::float8 <= t.now_ms - k.per_ms
+                   a.whole
                    AND a.ahead >= 0
                    AND CASE a.ahead
                            WHEN 0 THEN (c.partition_tally ->> 'jobs')::bigint
@@ -89,13 +117,23 @@ quota AS MATERIALIZED (
                            WHEN 1 THEN (c.partition_tally ->> 'jobs')::bigint
                            ELSE 0 END + $2::bigint <= c.partition_rate_starts,
                    false) AS unbound
-        FROM (SELECT floor(t.now_ms / k.per_ms)::bigint
-                     - (c.partition_tally ->> 'bucket')::bigint AS ahead) AS a
     ) AS g
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(
+                   cardinality(c.partition_slots) = {{slot_count}}
+                   AND (c.partition_tally ->> 'slots_at')::bigint
+                       = (c.partition_tally ->> 'bucket')::bigint
+                   AND u.untracked >= 0
+                   AND jsonb_typeof(c.partition_tally -> 'slot_before') = 'number',
+                   false) AS kept,
+               u.untracked
+        FROM (SELECT (c.partition_tally ->> 'jobs')::bigint
+                     - (c.partition_tally ->> 'slots_jobs')::bigint AS untracked) AS u
+    ) AS v
     CROSS JOIN LATERAL (
         -- (Never in the lean form, which refuses a queue with a rate per partition: the
         -- constant lets the planner drop the read of "{{table}}_claim_starts".)
-        SELECT NOT {{lean}} AND k.per_ms IS NOT NULL AND NOT g.unbound
+        SELECT NOT {{lean}} AND NOT {{after_pick}} AND k.per_ms IS NOT NULL AND NOT g.unbound
                AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
                AS must_fold
     ) AS f
@@ -110,7 +148,8 @@ quota AS MATERIALIZED (
     ) AS r
     UNION ALL
     SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text, false, NULL::integer,
-           NULL::bigint, NULL::bigint, false, false, false, clock_timestamp(),
+           NULL::bigint, NULL::bigint, false, false, false, false, NULL::bigint, NULL::integer[],
+           false, clock_timestamp(),
            extract(epoch FROM clock_timestamp())::float8 * 1000
     WHERE NOT EXISTS (SELECT 1 FROM control)
 ),

@@ -23,6 +23,7 @@
 -- first key that yielded and had nothing taken because earlier jobs filled the batch
 -- (next_cursor; a key whose offers were locked by others does not keep its turn).
 WITH RECURSIVE {{claim_quota}},
+{{rated}},
 walking AS MATERIALIZED (
     SELECT q.per_partition, q.cursor_key, q.new_jobs, q.key_rate_starts
     FROM quota AS q

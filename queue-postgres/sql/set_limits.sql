@@ -21,14 +21,19 @@ forgotten_claims AS (
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
-                                     partition_rate_starts, partition_rate_per_ms, partition_tally)
-VALUES ($1, $2, $3, $4, $5, $6, $7,
-        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
-             THEN jsonb_build_object(
-                      'per_ms', $7::bigint, 'since', 0,
-                      'bucket', floor(extract(epoch FROM clock_timestamp())::float8 * 1000 / $7::bigint)::bigint,
-                      'jobs', 0, 'before', 0)
-        END)
+                                     partition_rate_starts, partition_rate_per_ms, partition_tally,
+                                     partition_slots)
+SELECT $1, $2, $3, $4, $5, $6, $7,
+       CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
+            THEN jsonb_build_object(
+                     'per_ms', $7::bigint, 'since', 0, 'bucket', w.bucket, 'jobs', 0, 'before', 0,
+                     'slots_at', w.bucket, 'slots_jobs', 0, 'slot_before', 0)
+       END,
+       CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
+            THEN array_fill(0, ARRAY[{{slot_count}}])
+       END
+FROM (SELECT floor(extract(epoch FROM clock_timestamp())::float8 * 1000
+                   / $7::bigint)::bigint AS bucket) AS w
 ON CONFLICT (queue) DO UPDATE
 SET max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,
@@ -40,6 +45,10 @@ SET max_in_flight = EXCLUDED.max_in_flight,
                            THEN EXCLUDED.partition_tally
                            WHEN EXCLUDED.partition_tally IS NULL THEN NULL
                            ELSE c.partition_tally END,
+    partition_slots = CASE WHEN c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL
+                           THEN EXCLUDED.partition_slots
+                           WHEN EXCLUDED.partition_slots IS NULL THEN NULL
+                           ELSE c.partition_slots END,
     updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
           partition_rate_starts, partition_rate_per_ms

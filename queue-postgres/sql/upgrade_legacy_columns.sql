@@ -94,4 +94,11 @@ CREATE TABLE IF NOT EXISTS "{{table}}_claim_starts" (
     keys   text[]   NOT NULL,
     jobs   bigint[] NOT NULL,
     PRIMARY KEY (queue, claim)
-)
+);
+
+-- The tally per slot of partition keys (table migration 20261209000001).
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS partition_slots integer[];
+
+ALTER TABLE "{{table}}_queues"
+    ALTER COLUMN partition_slots SET STORAGE PLAIN

@@ -81,7 +81,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 10] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 11] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -92,6 +92,7 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 10] = [
     ("partition_rate_starts", 20261207000001, "partition rates"),
     ("partition_rate_per_ms", 20261207000001, "partition rates"),
     ("partition_tally", 20261208000001, "partition rate tally"),
+    ("partition_slots", 20261209000001, "partition rate slots"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -285,7 +286,8 @@ mod tests {
                 20261205000001,
                 20261206000001,
                 20261207000001,
-                20261208000001
+                20261208000001,
+                20261209000001
             ]
         );
     }

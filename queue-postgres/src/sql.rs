@@ -43,6 +43,9 @@ pub(crate) const CLAIM_QUOTA: Template = template!("claim_quota.sql");
 pub(crate) const CLAIM_LOGGED: Template = template!("claim_logged.sql");
 pub(crate) const CLAIM_LOGGED_PARTITIONS: Template = template!("claim_logged_partitions.sql");
 pub(crate) const CLAIM_BINDING: Template = template!("claim_binding.sql");
+pub(crate) const CLAIM_RATED: Template = template!("claim_rated.sql");
+pub(crate) const CLAIM_RATED_BEFORE_PICK: Template = template!("claim_rated_before_pick.sql");
+pub(crate) const CLAIM_SLOT: Template = template!("claim_slot.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -86,7 +89,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 8] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 9] = [
     (
         20261130000001,
         "queue jobs",
@@ -149,6 +152,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 8] = [
         Template {
             name: "20261208000001_partition_rate_tally.sql",
             text: include_str!("../migrations/20261208000001_partition_rate_tally.sql"),
+        },
+    ),
+    (
+        20261209000001,
+        "partition rate slots",
+        Template {
+            name: "20261209000001_partition_rate_slots.sql",
+            text: include_str!("../migrations/20261209000001_partition_rate_slots.sql"),
         },
     ),
 ];
@@ -251,6 +262,8 @@ pub(crate) fn for_table_with(
     let history_len = queue_core::limits::ERROR_HISTORY_LEN.to_string();
     let history_chars = queue_core::limits::HISTORY_ERROR_CHARS.to_string();
     let history_last = (queue_core::limits::ERROR_HISTORY_LEN - 1).to_string();
+    let slot_count = PARTITION_SLOTS.to_string();
+    let slot_mask = (PARTITION_SLOTS - 1).to_string();
     let mut values = vec![
         ("table", table.as_str()),
         ("columns", columns.as_str()),
@@ -258,10 +271,17 @@ pub(crate) fn for_table_with(
         ("history_len", history_len.as_str()),
         ("history_chars", history_chars.as_str()),
         ("history_last", history_last.as_str()),
+        ("slot_count", slot_count.as_str()),
+        ("slot_mask", slot_mask.as_str()),
     ];
     values.extend_from_slice(extra);
     render(template, &values)
 }
+
+/// The slots of partition keys in the tally of a rate per partition (`claim_slot.sql`, the
+/// column `partition_slots`): a power of two. More slots bound each partition more closely
+/// (fewer keys share one) and cost a larger row, read and written whole by every claim.
+const PARTITION_SLOTS: u32 = 512;
 
 /// What keeps `claim.sql` (and `finalize_claim.sql`) from a queue besides a pause: limits,
 /// which only `claim_limited.sql` applies.
@@ -317,8 +337,8 @@ fn limited_candidates(table: &TableName) -> Result<String, PgError> {
 fn expired_starts(table: &TableName) -> Result<String, PgError> {
     let started = key_started(table, "x.partition_key")?;
     Ok(format!(
-        "AND (x.partition_key IS NULL OR (SELECT key_rate_starts FROM quota) IS NULL \
-         OR (SELECT key_rate_starts FROM quota) - {started} > 0)"
+        "AND (x.partition_key IS NULL OR (SELECT key_rate_starts FROM rated) IS NULL \
+         OR (SELECT key_rate_starts FROM rated) - {started} > 0)"
     ))
 }
 
@@ -378,48 +398,78 @@ const QUOTA_PICKS: Picks<'static> = Picks {
 /// partitions take turns (`claim_turns.sql` merges the takeovers with the partitions' offers
 /// in claim order, as every store does).
 const LIMITED_PICKS: Picks<'static> = Picks {
-    expired_guard: "OR (SELECT binds FROM binding)",
+    expired_guard: "OR (SELECT binds FROM binding) OR (SELECT must_fold FROM rated)",
     ..QUOTA_PICKS
 };
 
-/// `claim_quota.sql` and `claim_logged.sql` as a limited claim renders them: the lean form's
-/// (refusing limits per partition, logging nothing per partition) or the full forms', with
-/// `turns` as the condition of the row marked `turns`.
-fn limited_ends(table: &TableName, lean: bool, turns: &str) -> Result<(String, String), PgError> {
+/// `claim_quota.sql`, the CTE `rated` and `claim_logged.sql` as a limited claim renders them:
+/// the lean form's (refusing limits per partition, logging nothing per partition), or the full
+/// forms', with `turns` as the condition of the row marked `turns`; `after_pick`: the rate per
+/// partition is applied once the pick is known (`claim_rated.sql`, `claim_limited.sql`'s full
+/// form), else as the quota decided it (`claim_rated_before_pick.sql`).
+struct LimitedEnds {
+    quota: String,
+    rated: String,
+    logged: String,
+}
+
+fn limited_ends(
+    table: &TableName,
+    lean: bool,
+    after_pick: bool,
+    turns: &str,
+) -> Result<LimitedEnds, PgError> {
+    let flag = |on: bool| if on { "true" } else { "false" };
     let quota = for_table_with(
         CLAIM_QUOTA,
         table,
-        &[("lean", if lean { "true" } else { "false" })],
+        &[("lean", flag(lean)), ("after_pick", flag(after_pick))],
     )?;
+    let rated = if after_pick {
+        let slot = for_table_with(CLAIM_SLOT, table, &[("key", "p.partition_key")])?;
+        for_table_with(CLAIM_RATED, table, &[("slot", &slot)])?
+    } else {
+        for_table(CLAIM_RATED_BEFORE_PICK, table)?
+    };
     let partition_logs = if lean {
         String::new()
     } else {
         for_table(CLAIM_LOGGED_PARTITIONS, table)?
     };
+    let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
     let logged = for_table_with(
         CLAIM_LOGGED,
         table,
-        &[("turns", turns), ("partition_logs", &partition_logs)],
+        &[
+            ("turns", turns),
+            ("partition_logs", &partition_logs),
+            ("slot", &slot),
+        ],
     )?;
-    Ok((quota, logged))
+    Ok(LimitedEnds {
+        quota,
+        rated,
+        logged,
+    })
 }
 
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
-    let (quota, logged) = limited_ends(table, false, "(SELECT binds FROM binding)")?;
+    let ends = limited_ends(table, false, true, "(SELECT binds FROM binding)")?;
     let started = key_started(table, "k.key")?;
     let binding = for_table_with(CLAIM_BINDING, table, &[("key_started", &started)])?;
     for_table_with(
         CLAIM_LIMITED,
         table,
         &[
-            ("claim_quota", &quota),
+            ("claim_quota", &ends.quota),
             ("claim_due", &due),
+            ("rated", &ends.rated),
             ("binding", &binding),
             ("claim_picks", &picks),
-            ("claim_logged", &logged),
+            ("claim_logged", &ends.logged),
             ("key_started", &started),
         ],
     )
@@ -431,16 +481,17 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
 /// the handle last looked), it claims nothing and returns a row marked `partitioned`.
 pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &QUOTA_PICKS, None)?;
-    let (quota, logged) = limited_ends(table, true, "false")?;
+    let ends = limited_ends(table, true, false, "false")?;
     for_table_with(
         CLAIM_LIMITED,
         table,
         &[
-            ("claim_quota", &quota),
+            ("claim_quota", &ends.quota),
             ("claim_due", &due),
+            ("rated", &ends.rated),
             ("binding", "SELECT false AS binds"),
             ("claim_picks", &picks),
-            ("claim_logged", &logged),
+            ("claim_logged", &ends.logged),
         ],
     )
 }
@@ -448,7 +499,7 @@ pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
-    let (quota, logged) = limited_ends(table, false, "false")?;
+    let ends = limited_ends(table, false, false, "false")?;
     let started = key_started(table, "f.partition_key")?;
     let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();
@@ -457,9 +508,10 @@ pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
         CLAIM_TURNS,
         table,
         &[
-            ("claim_quota", &quota),
+            ("claim_quota", &ends.quota),
+            ("rated", &ends.rated),
             ("claim_picks", &picks),
-            ("claim_logged", &logged),
+            ("claim_logged", &ends.logged),
             ("loose_read_ahead", &read_ahead),
             ("max_visits", &max_visits),
             ("walk_room", &walk_room),
@@ -757,10 +809,25 @@ mod tests {
             1,
             "{lean}"
         );
-        assert!(lean.contains("NOT true AND k.per_ms IS NOT NULL"), "{lean}");
+        assert!(
+            lean.contains("NOT true AND NOT false AND k.per_ms"),
+            "{lean}"
+        );
         let full = code(&claim_limited(&table).unwrap());
         assert!(full.contains("INTO \"queue_jobs_claim_starts\""));
         assert!(full.contains("INTO \"queue_jobs_starts\""));
+        // The full form decides the rate per partition after its pick (by the slots' tally);
+        // the turns decide it before theirs.
+        assert!(
+            full.contains("NOT false AND NOT true AND k.per_ms"),
+            "{full}"
+        );
+        assert!(full.contains("FROM plain AS p"), "{full}");
+        let turns = code(&claim_turns(&table).unwrap());
+        assert!(
+            turns.contains("NOT false AND NOT false AND k.per_ms"),
+            "{turns}"
+        );
     }
 
     #[test]

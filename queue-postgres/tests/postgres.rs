@@ -2348,6 +2348,32 @@ fn worker_processes_never_exceed_the_partition_rate_from_far_under_it() {
     );
 }
 
+/// The same across many partitions (forty-eight of ten jobs, four claims of a partition in any
+/// two seconds): after the first claims the queue's sum is over the rate, and its tally per
+/// slot of partition keys lets claims skip the count per partition until a partition's slot
+/// nears the rate; no partition ever has more than four claims within two seconds, and the rate
+/// binds (ten starts of a partition take three windows).
+#[test]
+fn worker_processes_never_exceed_the_partition_rate_across_many_partitions() {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(4, Duration::from_secs(2)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs: Vec<NewJob> = (0..48)
+        .flat_map(|p| {
+            (0..10)
+                .map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 4);
+    assert_eq!(most, 4, "a partition made all its starts of a window");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "the rate bound: ten starts of a partition at four per two seconds take three windows"
+    );
+}
+
 /// Sets `limits` on a fresh database's default queue, enqueues `jobs`, and runs three worker
 /// processes of eight slots each (`limited_worker_process`) until every job completed, sampling
 /// `sample` (one number, which must stay within `limit`: the caller asserts on the largest)
@@ -2527,6 +2553,163 @@ async fn claims_far_under_the_partition_rate_log_one_row_each_until_folded() {
         .unwrap();
     assert_eq!(tally, None);
     assert_eq!((rows(unfolded).await, rows(logged).await), (0, 0));
+}
+
+/// A rate per partition set, and the statements' count of a tally's state, for the slot tests.
+async fn rate_per_partition(queue: &queue_postgres::PgQueue, starts: u32) {
+    use queue_core::{Admin, QueueLimits, RateLimit};
+    let day = Duration::from_secs(86_400);
+    let limits = QueueLimits {
+        rate_per_partition: Some(RateLimit::new(starts, day).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+}
+
+async fn count(pool: &sqlx::PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Takes the lease of the in-flight job named `name` back into the past, as if it had run out.
+async fn expire_lease(pool: &sqlx::PgPool, name: &str) {
+    let expired = sqlx::query(
+        "UPDATE queue_jobs SET lease_expires_at = now() - interval '1 second'
+         WHERE payload ->> 'name' = $1 AND status = 'in_flight'",
+    )
+    .bind(name)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(expired, 1, "{name} in flight");
+}
+
+/// Many partitions far under their rate, although the queue's sum of starts is over it: the
+/// tally per slot of partition keys bounds each partition by its slot, so every claim skips the
+/// count per partition (one row of `queue_jobs_claim_starts` each, no partition's log read or
+/// written, nothing folded). Claims of six jobs against five starts a partition: the queue's
+/// sum never leaves room for one, so a tally of the sum alone counts per partition from the
+/// first claim on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_many_partitions_far_under_their_rate_count_by_slot() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for n in 0..42 {
+        partitioned(&queue, &format!("p{n}"), &format!("key-{n}"), false).await;
+    }
+    rate_per_partition(&queue, 5).await;
+    for claim in 0..7 {
+        let names: Vec<String> = (0..6).map(|n| format!("p{}", claim * 6 + n)).collect();
+        assert_eq!(claimed_names(&queue, 6).await, names);
+    }
+    let unfolded = count(&db.pool, "SELECT count(*) FROM queue_jobs_claim_starts").await;
+    let logged = count(&db.pool, "SELECT count(*) FROM queue_jobs_starts").await;
+    assert_eq!((unfolded, logged), (7, 0), "no claim counted per partition");
+    let (tally, slots): (Value, Vec<i32>) =
+        sqlx::query_as("SELECT partition_tally, partition_slots FROM queue_jobs_queues")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let in_slots: i32 = slots.iter().sum();
+    assert_eq!(
+        (
+            tally["jobs"].as_i64(),
+            tally["slots_jobs"].as_i64(),
+            slots.len(),
+            in_slots
+        ),
+        (Some(42), Some(42), 512, 42),
+        "{tally}"
+    );
+}
+
+/// A takeover is a start its slot's count cannot foresee (the expired leases are not picked
+/// when the claim decides): every slot is charged the queue's expired partitioned leases. `a`
+/// may start twice; each case ends with `a0`'s lease run out, and a claim that may take one
+/// start of `a` at most, whether its pick shows `a`'s slot or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_counts_against_its_partitions_slot() {
+    // a0 started once and a1 is due: the pick shows a1 and b0, and a's slot holds one start,
+    // so a1 alone would fit; the takeover of a0 makes it two.
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for (name, key) in [("a0", "a"), ("a1", "a"), ("b0", "b")] {
+        partitioned(&queue, name, key, false).await;
+    }
+    rate_per_partition(&queue, 2).await;
+    assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
+    expire_lease(&db.pool, "a0").await;
+    assert_eq!(claimed_names(&queue, 2).await, ["a0", "b0"]);
+    db.drop_db().await;
+    // a0 started twice (a takeover), counted in a's slot (claims of three: the queue's sum
+    // leaves no room for them); then c0 is due. The pick shows only c's slot, with room; the
+    // takeover could still fall in a's, the fullest.
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    partitioned(&queue, "a0", "a", false).await;
+    rate_per_partition(&queue, 2).await;
+    assert_eq!(claimed_names(&queue, 3).await, ["a0"]);
+    expire_lease(&db.pool, "a0").await;
+    assert_eq!(
+        claimed_names(&queue, 3).await,
+        ["a0"],
+        "taken over: a's second start"
+    );
+    partitioned(&queue, "c0", "c", false).await;
+    expire_lease(&db.pool, "a0").await;
+    assert_eq!(claimed_names(&queue, 3).await, ["c0"]);
+    db.drop_db().await;
+}
+
+/// Claims the slots did not count are charged to every slot: those the queue's sum left room
+/// for (they skip the slots) and those of a release without slots, which count a claim in the
+/// tally's jobs but not in its slots (its fast claims log a row of `queue_jobs_claim_starts`
+/// too): set here as such a claim of two of `a`'s jobs leaves them. By its slot `a` has one
+/// start and room for `a1`; it has three, and the claim counts per partition and passes it
+/// over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_the_slots_did_not_count_are_charged_to_every_slot() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for (name, key) in [("a0", "a"), ("a1", "a"), ("b0", "b")] {
+        partitioned(&queue, name, key, false).await;
+    }
+    rate_per_partition(&queue, 3).await;
+    // The sum leaves room for a claim of one (0 + 1 <= 3): a0 is not counted in the slots.
+    assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
+    sqlx::query(
+        "WITH logged AS (
+             INSERT INTO queue_jobs_claim_starts (queue, claim, at_ms, keys, jobs)
+             SELECT 'default', claims + 1,
+                    extract(epoch FROM clock_timestamp())::float8 * 1000, '{a}', '{2}'
+             FROM queue_jobs_queues)
+         UPDATE queue_jobs_queues SET claims = claims + 1,
+             partition_tally = partition_tally || jsonb_build_object(
+                 'jobs', (partition_tally ->> 'jobs')::bigint + 2)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed_names(&queue, 2).await, ["b0"]);
+    let (tally, slots): (Value, Vec<i32>) =
+        sqlx::query_as("SELECT partition_tally, partition_slots FROM queue_jobs_queues")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    // The last claim, not left room by the sum, counted in the slots.
+    let in_slots: i32 = slots.iter().sum();
+    assert_eq!(
+        (
+            tally["jobs"].as_i64(),
+            tally["slots_jobs"].as_i64(),
+            in_slots
+        ),
+        (Some(4), Some(1), 1),
+        "{tally}"
+    );
 }
 
 /// The tally counts the window before the current one while it still overlaps the sliding

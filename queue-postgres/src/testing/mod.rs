@@ -308,6 +308,11 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
              'since', (partition_tally ->> 'since')::float8 - $1 * 1000,
              'bucket', (partition_tally ->> 'bucket')::bigint
                        - floor($1 * 1000 / (partition_tally ->> 'per_ms')::float8)::bigint)
+             -- Its slots move with its window (a tally without them has none to move).
+             || CASE WHEN partition_tally ? 'slots_at' THEN jsonb_build_object(
+                    'slots_at', (partition_tally ->> 'slots_at')::bigint
+                                - floor($1 * 1000 / (partition_tally ->> 'per_ms')::float8)::bigint)
+                ELSE '{{}}'::jsonb END
          WHERE partition_tally IS NOT NULL",
         table.controls_quoted()
     )))
