@@ -85,3 +85,5 @@ ALTER TABLE "exchange_send_jobs_queues"
 
 ALTER TABLE "exchange_send_jobs_queues"
     ALTER COLUMN partition_slots SET STORAGE PLAIN;
+
+ALTER TABLE "exchange_send_jobs_queues" SET (toast_tuple_target = 8160);

@@ -101,4 +101,6 @@ ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS partition_slots integer[];
 
 ALTER TABLE "{{table}}_queues"
-    ALTER COLUMN partition_slots SET STORAGE PLAIN
+    ALTER COLUMN partition_slots SET STORAGE PLAIN;
+
+ALTER TABLE "{{table}}_queues" SET (toast_tuple_target = 8160)

@@ -2359,10 +2359,13 @@ fn worker_processes_never_exceed_the_partition_rate_across_many_partitions() {
         rate_per_partition: Some(queue_core::RateLimit::new(4, Duration::from_secs(2)).unwrap()),
         ..queue_core::QueueLimits::NONE
     };
-    let jobs: Vec<NewJob> = (0..48)
-        .flat_map(|p| {
-            (0..10)
-                .map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+    // Due in turns (every partition's first job, then every partition's second): the picks
+    // spread over the partitions, as the slots are for (a partition at its rate holding the
+    // earliest jobs would make every claim count per partition).
+    let jobs: Vec<NewJob> = (0..10)
+        .flat_map(|n| {
+            (0..48)
+                .map(move |p| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
         })
         .collect();
     let started = std::time::Instant::now();
