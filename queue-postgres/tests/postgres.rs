@@ -2329,23 +2329,13 @@ fn worker_processes_never_exceed_the_partition_rate() {
 /// partition ever has more than sixteen claims within two seconds, and the rate binds.
 #[test]
 fn worker_processes_never_exceed_the_partition_rate_from_far_under_it() {
-    let limits = queue_core::QueueLimits {
-        rate_per_partition: Some(queue_core::RateLimit::new(16, Duration::from_secs(2)).unwrap()),
-        ..queue_core::QueueLimits::NONE
-    };
     let jobs: Vec<NewJob> = (0..2)
         .flat_map(|p| {
             (0..40)
                 .map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
         })
         .collect();
-    let started = std::time::Instant::now();
-    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 16);
-    assert_eq!(most, 16, "a partition made all its starts of a window");
-    assert!(
-        started.elapsed() >= Duration::from_secs(4),
-        "the rate bound: forty starts of a partition at sixteen per two seconds take two windows"
-    );
+    the_partition_rate_binds_across_processes(16, jobs);
 }
 
 /// The same across many partitions (forty-eight of ten jobs, four claims of a partition in any
@@ -2355,10 +2345,6 @@ fn worker_processes_never_exceed_the_partition_rate_from_far_under_it() {
 /// binds (ten starts of a partition take three windows).
 #[test]
 fn worker_processes_never_exceed_the_partition_rate_across_many_partitions() {
-    let limits = queue_core::QueueLimits {
-        rate_per_partition: Some(queue_core::RateLimit::new(4, Duration::from_secs(2)).unwrap()),
-        ..queue_core::QueueLimits::NONE
-    };
     // Due in turns (every partition's first job, then every partition's second): the picks
     // spread over the partitions, as the slots are for (a partition at its rate holding the
     // earliest jobs would make every claim count per partition).
@@ -2368,12 +2354,35 @@ fn worker_processes_never_exceed_the_partition_rate_across_many_partitions() {
                 .map(move |p| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
         })
         .collect();
+    the_partition_rate_binds_across_processes(4, jobs);
+}
+
+/// Runs `jobs` (more than twice `starts` of each partition) through three worker processes
+/// under a rate of `starts` claims of a partition in any two seconds: no partition ever has
+/// more, one has that many (the sampler saw a whole window's starts), and the drain takes at
+/// least two windows.
+fn the_partition_rate_binds_across_processes(starts: u32, jobs: Vec<NewJob>) {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(
+            queue_core::RateLimit::new(starts, Duration::from_secs(2)).unwrap(),
+        ),
+        ..queue_core::QueueLimits::NONE
+    };
     let started = std::time::Instant::now();
-    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 4);
-    assert_eq!(most, 4, "a partition made all its starts of a window");
+    let most = run_limited_workers(
+        limits,
+        jobs,
+        MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS,
+        i64::from(starts),
+    );
+    assert_eq!(
+        most,
+        i64::from(starts),
+        "a partition made all its starts of a window"
+    );
     assert!(
         started.elapsed() >= Duration::from_secs(4),
-        "the rate bound: ten starts of a partition at four per two seconds take three windows"
+        "the rate bound: a partition's jobs at {starts} per two seconds take more than two windows"
     );
 }
 
