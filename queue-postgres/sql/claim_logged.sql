@@ -85,28 +85,25 @@ logged AS (
         END,
         -- Rewritten whole (512 counts) when the claim counts in them: not while the tally's sum
         -- left room for the claim (its jobs then stay untracked, charged to every slot), which
-        -- keeps a queue far under its rate from paying for them.
+        -- keeps a queue far under its rate from paying for them. In the tally's window (or
+        -- behind it) the counts go on; a new window, or a new tally, starts from this claim's.
         partition_slots = CASE
             WHEN (SELECT tally_per_ms FROM quota) IS NULL THEN NULL
             WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.partition_slots
             ELSE (SELECT CASE
-                    -- The tally's window (or behind it).
-                    WHEN (c.partition_tally ->> 'per_ms')::bigint IS NOT DISTINCT FROM q.tally_per_ms
-                         AND b.bucket <= (c.partition_tally ->> 'bucket')::bigint
-                    THEN CASE WHEN NOT q.slots_kept THEN NULL
-                              WHEN q.unbound THEN c.partition_slots
-                              ELSE (SELECT array_agg(c.partition_slots[i] + COALESCE(a.jobs, 0)
-                                                     ORDER BY i)
-                                    FROM generate_series(1, {{slot_count}}) AS i
-                                    LEFT JOIN slot_claims AS a ON a.slot + 1 = i)
-                              END
-                    -- A new window, or a new tally: this claim's jobs alone.
-                    ELSE (SELECT array_agg(COALESCE(a.jobs, 0)::integer ORDER BY i)
+                    WHEN w.same AND NOT q.slots_kept THEN NULL
+                    WHEN w.same AND q.unbound THEN c.partition_slots
+                    ELSE (SELECT array_agg(COALESCE(CASE WHEN w.same THEN c.partition_slots[i] END, 0)
+                                           + COALESCE(a.jobs, 0)
+                                           ORDER BY i)
                           FROM generate_series(1, {{slot_count}}) AS i
                           LEFT JOIN slot_claims AS a ON a.slot + 1 = i)
                     END
                   FROM quota AS q
-                  CROSS JOIN LATERAL (SELECT floor(q.now_ms / q.tally_per_ms)::bigint AS bucket) AS b)
+                  CROSS JOIN LATERAL (
+                      SELECT (c.partition_tally ->> 'per_ms')::bigint IS NOT DISTINCT FROM q.tally_per_ms
+                             AND floor(q.now_ms / q.tally_per_ms)::bigint
+                                 <= (c.partition_tally ->> 'bucket')::bigint AS same) AS w)
         END,
         partition_cursor = (SELECT key FROM next_cursor)
     WHERE c.queue = $1

@@ -402,77 +402,100 @@ const LIMITED_PICKS: Picks<'static> = Picks {
     ..QUOTA_PICKS
 };
 
-/// `claim_quota.sql`, the CTE `rated` and `claim_logged.sql` as a limited claim renders them:
-/// the lean form's (refusing limits per partition, logging nothing per partition), or the full
-/// forms', with `turns` as the condition of the row marked `turns`; `after_pick`: the rate per
-/// partition is applied once the pick is known (`claim_rated.sql`, `claim_limited.sql`'s full
-/// form), else as the quota decided it (`claim_rated_before_pick.sql`).
+/// Which statement claims from a queue with limits: `claim_limited.sql` in its lean form (a
+/// queue without limits per partition), in its full form, or `claim_turns.sql` for a queue
+/// whose partitions take turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitedForm {
+    Lean,
+    Pick,
+    Turns,
+}
+
+/// `claim_quota.sql`, the CTE `rated` and `claim_logged.sql` as `form` renders them: the lean
+/// form refuses limits per partition and logs nothing per partition; the full form applies the
+/// rate per partition once its pick is known (`claim_rated.sql`) and says when its pick would
+/// put a partition over its limit (the row marked `turns`); the turns apply it as the quota
+/// decided (`claim_rated_before_pick.sql`).
 struct LimitedEnds {
     quota: String,
     rated: String,
     logged: String,
 }
 
-fn limited_ends(
-    table: &TableName,
-    lean: bool,
-    after_pick: bool,
-    turns: &str,
-) -> Result<LimitedEnds, PgError> {
-    let flag = |on: bool| if on { "true" } else { "false" };
-    let quota = for_table_with(
-        CLAIM_QUOTA,
-        table,
-        &[("lean", flag(lean)), ("after_pick", flag(after_pick))],
-    )?;
-    let rated = if after_pick {
-        let slot = for_table_with(CLAIM_SLOT, table, &[("key", "p.partition_key")])?;
-        for_table_with(CLAIM_RATED, table, &[("slot", &slot)])?
-    } else {
-        for_table(CLAIM_RATED_BEFORE_PICK, table)?
-    };
-    let partition_logs = if lean {
-        String::new()
-    } else {
-        for_table(CLAIM_LOGGED_PARTITIONS, table)?
-    };
-    let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
-    let logged = for_table_with(
-        CLAIM_LOGGED,
-        table,
-        &[
-            ("turns", turns),
-            ("partition_logs", &partition_logs),
-            ("slot", &slot),
-        ],
-    )?;
-    Ok(LimitedEnds {
-        quota,
-        rated,
-        logged,
-    })
+impl LimitedEnds {
+    fn new(table: &TableName, form: LimitedForm) -> Result<Self, PgError> {
+        let flag = |on: bool| if on { "true" } else { "false" };
+        let lean = form == LimitedForm::Lean;
+        let after_pick = form == LimitedForm::Pick;
+        let quota = for_table_with(
+            CLAIM_QUOTA,
+            table,
+            &[("lean", flag(lean)), ("after_pick", flag(after_pick))],
+        )?;
+        let rated = if after_pick {
+            let slot = for_table_with(CLAIM_SLOT, table, &[("key", "p.partition_key")])?;
+            for_table_with(CLAIM_RATED, table, &[("slot", &slot)])?
+        } else {
+            for_table(CLAIM_RATED_BEFORE_PICK, table)?
+        };
+        let partition_logs = if lean {
+            String::new()
+        } else {
+            for_table(CLAIM_LOGGED_PARTITIONS, table)?
+        };
+        let turns = if after_pick {
+            "(SELECT binds FROM binding)"
+        } else {
+            "false"
+        };
+        let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
+        let logged = for_table_with(
+            CLAIM_LOGGED,
+            table,
+            &[
+                ("turns", turns),
+                ("partition_logs", &partition_logs),
+                ("slot", &slot),
+            ],
+        )?;
+        Ok(Self {
+            quota,
+            rated,
+            logged,
+        })
+    }
+
+    /// `claim_limited.sql` around these ends: the pick (`due`, `picks`) and the binding check.
+    fn claim_limited(
+        &self,
+        table: &TableName,
+        due: &str,
+        binding: &str,
+        picks: &str,
+    ) -> Result<String, PgError> {
+        for_table_with(
+            CLAIM_LIMITED,
+            table,
+            &[
+                ("claim_quota", &self.quota),
+                ("claim_due", due),
+                ("rated", &self.rated),
+                ("binding", binding),
+                ("claim_picks", picks),
+                ("claim_logged", &self.logged),
+            ],
+        )
+    }
 }
 
 /// `claim_limited.sql` for `table`: `claim_due.sql`'s pick within the quota, unless it would
 /// put a partition over its limit (then a row marked `turns`: `claim_turns.sql` claims).
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
-    let ends = limited_ends(table, false, true, "(SELECT binds FROM binding)")?;
     let started = key_started(table, "k.key")?;
     let binding = for_table_with(CLAIM_BINDING, table, &[("key_started", &started)])?;
-    for_table_with(
-        CLAIM_LIMITED,
-        table,
-        &[
-            ("claim_quota", &ends.quota),
-            ("claim_due", &due),
-            ("rated", &ends.rated),
-            ("binding", &binding),
-            ("claim_picks", &picks),
-            ("claim_logged", &ends.logged),
-            ("key_started", &started),
-        ],
-    )
+    LimitedEnds::new(table, LimitedForm::Pick)?.claim_limited(table, &due, &binding, &picks)
 }
 
 /// The lean form of `claim_limited.sql` for `table`, for a queue without limits per partition:
@@ -481,25 +504,18 @@ pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
 /// the handle last looked), it claims nothing and returns a row marked `partitioned`.
 pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &QUOTA_PICKS, None)?;
-    let ends = limited_ends(table, true, false, "false")?;
-    for_table_with(
-        CLAIM_LIMITED,
+    LimitedEnds::new(table, LimitedForm::Lean)?.claim_limited(
         table,
-        &[
-            ("claim_quota", &ends.quota),
-            ("claim_due", &due),
-            ("rated", &ends.rated),
-            ("binding", "SELECT false AS binds"),
-            ("claim_picks", &picks),
-            ("claim_logged", &ends.logged),
-        ],
+        &due,
+        "SELECT false AS binds",
+        &picks,
     )
 }
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
-    let ends = limited_ends(table, false, false, "false")?;
+    let ends = LimitedEnds::new(table, LimitedForm::Turns)?;
     let started = key_started(table, "f.partition_key")?;
     let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();

@@ -704,15 +704,7 @@ pub(crate) async fn fold_starts<D: Driver>(
     Ok(())
 }
 
-/// Which statement claims from a queue with limits: `claim_limited.sql` in its lean form (a
-/// queue without limits per partition), in its full form, or `claim_turns.sql` for a queue
-/// whose partitions take turns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LimitedForm {
-    Lean,
-    Pick,
-    Turns,
-}
+pub(crate) use crate::sql::LimitedForm;
 
 /// What a claim of a queue with limits did.
 #[derive(Debug, Default)]
