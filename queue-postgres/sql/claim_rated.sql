@@ -24,8 +24,9 @@ rated_slots AS MATERIALIZED (
                                   FROM plain AS p
                                   WHERE p.partition_key IS NOT NULL
                                   GROUP BY 1) AS p
-                            WHERE q.slot_base + COALESCE(q.slot_counts[p.slot + 1], 0)
-                                  + p.picks + e.jobs > q.key_rate_starts)
+                            -- A count missing (slots_usable says none is) binds.
+                            WHERE (q.slot_base + q.slot_counts[p.slot + 1]
+                                   + p.picks + e.jobs > q.key_rate_starts) IS NOT FALSE)
                         -- A takeover may fall in a slot without picks: the fullest one.
                         AND (e.jobs = 0
                              OR q.slot_base + e.jobs + (

@@ -2724,6 +2724,37 @@ async fn claims_the_slots_did_not_count_are_charged_to_every_slot() {
     );
 }
 
+/// Slot counts the claim cannot trust (the column NULL or cut short, the tally's stamp of
+/// their window gone, or more jobs counted in them than the tally has: a hand edit or a
+/// damaged row) are not read: the claim counts per partition. `a` made its two starts in one
+/// claim, counted in its slot; each damage also zeroes the counts, so a claim that trusted
+/// them would start `a` a third time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_counts_it_cannot_trust_leave_the_claim_counting_per_partition() {
+    for damage in [
+        "UPDATE queue_jobs_queues SET partition_slots = NULL",
+        "UPDATE queue_jobs_queues SET partition_slots = array_fill(0, ARRAY[511])",
+        "UPDATE queue_jobs_queues SET partition_slots = array_fill(0, ARRAY[512]),
+             partition_tally = partition_tally - 'slots_at'",
+        "UPDATE queue_jobs_queues SET partition_slots = array_fill(0, ARRAY[512]),
+             partition_tally = partition_tally || '{\"slots_jobs\": 99}'",
+    ] {
+        let db = TestDb::new().await;
+        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        for name in ["a0", "a1"] {
+            partitioned(&queue, name, "a", false).await;
+        }
+        rate_per_partition(&queue, 2).await;
+        // A claim of three: the queue's sum leaves no room, so a's jobs count in its slot.
+        assert_eq!(claimed_names(&queue, 3).await, ["a0", "a1"], "{damage}");
+        partitioned(&queue, "a2", "a", false).await;
+        partitioned(&queue, "b0", "b", false).await;
+        sqlx::query(damage).execute(&db.pool).await.unwrap();
+        assert_eq!(claimed_names(&queue, 3).await, ["b0"], "{damage}");
+        db.drop_db().await;
+    }
+}
+
 /// The tally counts the window before the current one while it still overlaps the sliding
 /// window: a partition's starts of the previous fixed window, within the rate's length, keep the
 /// next claim counting per partition (set here as a store would have left them: `a`'s five
