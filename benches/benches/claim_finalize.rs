@@ -12,10 +12,12 @@
 //! * `enqueue/one` vs `enqueue/many/{1000,10000,100000}` (no unique keys; also through the
 //!   tokio-postgres driver, `many_tokio_postgres`) and
 //!   `enqueue/keyed/{1000,10000}` (a new unique key per job).
-//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8,rate_per_partition_100000_per_s}`:
+//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8,rate_per_partition_100000_per_s,rate_per_partition_1000_per_s}`:
 //!   one claim of 500 out of a
 //!   100k backlog in 1 000 partitions with 500 jobs held in flight, without limits and under
-//!   each limit that never binds (the cost of counting, the claim's statement alone).
+//!   each limit that never binds (the cost of counting, the claim's statement alone; the
+//!   last rate leaves each partition far under it but not the queue's sum, so claims count in
+//!   the tally per slot).
 //! * `memory/enqueue_claim_complete_100`: the in-memory backend's whole cycle.
 //! * `drivers/{claim_100,finalize_100}/{sqlx,tokio-postgres}`: the two PostgreSQL drivers side by
 //!   side on one database.
@@ -165,6 +167,17 @@ fn claim_limits(c: &mut Criterion) {
             queue_core::QueueLimits {
                 rate_per_partition: Some(
                     queue_core::RateLimit::new(100_000, Duration::from_secs(1)).unwrap(),
+                ),
+                ..Default::default()
+            },
+        ),
+        (
+            // Each partition far under its rate, the queue's sum over it (about 80 claims of
+            // 500 partitions a second): claims count in the tally per slot.
+            "rate_per_partition_1000_per_s",
+            queue_core::QueueLimits {
+                rate_per_partition: Some(
+                    queue_core::RateLimit::new(1_000, Duration::from_secs(1)).unwrap(),
                 ),
                 ..Default::default()
             },
