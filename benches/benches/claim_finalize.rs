@@ -12,7 +12,8 @@
 //! * `enqueue/one` vs `enqueue/many/{1000,10000,100000}` (no unique keys; also through the
 //!   tokio-postgres driver, `many_tokio_postgres`) and
 //!   `enqueue/keyed/{1000,10000}` (a new unique key per job).
-//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8,rate_per_partition_100000_per_s,rate_per_partition_1000_per_s}`:
+//! * `claim_limits/{none,max_in_flight_100000,max_per_partition_8,max_per_partition_1000,
+//!   rate_per_partition_100000_per_s,rate_per_partition_1000_per_s}`:
 //!   one claim of 500 out of a
 //!   100k backlog in 1 000 partitions with 500 jobs held in flight, without limits and under
 //!   each limit that never binds (the cost of counting, the claim's statement alone; the
@@ -158,6 +159,14 @@ fn claim_limits(c: &mut Criterion) {
             "max_per_partition_8",
             queue_core::QueueLimits {
                 max_per_partition: Some(8),
+                ..Default::default()
+            },
+        ),
+        (
+            // Above the queue's jobs in flight and picks together: no key is counted.
+            "max_per_partition_1000",
+            queue_core::QueueLimits {
+                max_per_partition: Some(1_000),
                 ..Default::default()
             },
         ),

@@ -2755,6 +2755,50 @@ async fn slot_counts_it_cannot_trust_leave_the_claim_counting_per_partition() {
     }
 }
 
+/// A claim under `max_per_partition` counts by key only once its picks and the queue's jobs in
+/// flight, all keys together, could pass the limit: up to it exactly they cannot, one past it
+/// they are counted. `a` gets to four in flight in claims of two, never five; with `b` at its
+/// limit, `a`'s three picks are cut to its two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partition_limit_is_counted_by_key_once_the_queue_could_pass_it() {
+    use queue_core::{Admin, QueueLimits};
+    let per_partition = |n| QueueLimits {
+        max_per_partition: Some(n),
+        ..QueueLimits::NONE
+    };
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for n in 0..6 {
+        partitioned(&queue, &format!("a{n}"), "a", false).await;
+    }
+    queue.set_limits(per_partition(4)).await.unwrap();
+    assert_eq!(claimed_names(&queue, 2).await, ["a0", "a1"]);
+    assert_eq!(
+        claimed_names(&queue, 2).await,
+        ["a2", "a3"],
+        "four in all: at the limit"
+    );
+    assert!(
+        claimed_names(&queue, 2).await.is_empty(),
+        "a fifth would pass it"
+    );
+    db.drop_db().await;
+
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    for name in ["b0", "b1"] {
+        partitioned(&queue, name, "b", false).await;
+    }
+    queue.set_limits(per_partition(2)).await.unwrap();
+    assert_eq!(claimed_names(&queue, 2).await, ["b0", "b1"]);
+    for name in ["a0", "a1", "a2"] {
+        partitioned(&queue, name, "a", false).await;
+    }
+    assert_eq!(claimed_names(&queue, 3).await, ["a0", "a1"]);
+    assert!(claimed_names(&queue, 3).await.is_empty());
+    db.drop_db().await;
+}
+
 /// The tally counts the window before the current one while it still overlaps the sliding
 /// window: a partition's starts of the previous fixed window, within the rate's length, keep the
 /// next claim counting per partition (set here as a store would have left them: `a`'s five
