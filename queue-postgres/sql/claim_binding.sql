@@ -4,20 +4,26 @@
     -- One hash aggregate over the picks and the queue's in-flight rows by key: a key binds when
     -- it has a pick and more rows than max_per_partition. The quota's held object
     -- (claim_turns.sql's) costs more to build; this form does not read it, so PostgreSQL never
-    -- runs it. No key can have more rows than the picks and the in-flight rows of all keys
-    -- together: while those are within max_per_partition (counted up to it, one walk of the
-    -- lease index that stops there), the aggregate is not run. With a rate per partition, a key
+    -- runs it. No key can have more rows than the picks and the queue's in-flight rows
+    -- together: while those are within max_per_partition, the aggregate is not run. The
+    -- in-flight rows are counted only as far as that needs (a walk of an in-flight index that
+    -- stops after the limit's room left by the picks, plus one), rows without a key included
+    -- so that no filter makes the walk read rows it does not count; past the limit the claim
+    -- pays that walk on top of the aggregate. With a rate per partition, a key
     -- binds too when it has more picks than its claims within the window leave (one read of
     -- its log by primary key per picked key).
     SELECT ((SELECT per_partition FROM quota) IS NOT NULL
-        AND (SELECT count(*) FROM plain AS p WHERE p.partition_key IS NOT NULL)
-            + (SELECT count(*)
-               FROM (SELECT 1
-                     FROM "{{table}}" AS j
-                     WHERE j.queue = $1 AND j.status = 'in_flight'
-                       AND j.partition_key IS NOT NULL
-                     LIMIT COALESCE((SELECT per_partition FROM quota), 0)) AS h)
-            > (SELECT per_partition FROM quota)
+        AND (SELECT n.picks
+                    + (SELECT count(*)
+                       FROM (SELECT 1
+                             FROM "{{table}}" AS j
+                             WHERE j.queue = $1 AND j.status = 'in_flight'
+                             LIMIT GREATEST(q.per_partition + 1 - n.picks, 0)) AS h)
+                    > q.per_partition
+             FROM quota AS q
+             CROSS JOIN (SELECT count(*) AS picks
+                         FROM plain AS p
+                         WHERE p.partition_key IS NOT NULL) AS n)
         AND EXISTS (
         SELECT 1
         FROM (SELECT p.partition_key AS key, true AS pick
