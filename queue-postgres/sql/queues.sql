@@ -1,6 +1,6 @@
 -- The queues of a table that have work or need attention: a pending or in-flight job, a
 -- failed, dead or cancelled one, a pause, a worker that served it, or a stale fence. Each family is read by a skip scan over its partial
--- index ("{{table}}_due_idx", "{{table}}_lease_idx", "{{table}}_failed_idx": queue is their
+-- index ("{{table}}_due_idx", "{{table}}_expiry_idx", "{{table}}_failed_idx": queue is their
 -- leading column), one index probe per queue, so the cost does not grow with the rows. A queue
 -- whose jobs all completed is listed if a worker served it (served_at).
 WITH RECURSIVE

@@ -51,15 +51,11 @@ pub fn table_migration_sql(table: &TableName, version: i64) -> Result<String, Pg
 }
 
 /// The indexes the statements rely on, by suffix, with what each is for.
-const REQUIRED_INDEXES: [(&str, &str); 7] = [
+const REQUIRED_INDEXES: [(&str, &str); 6] = [
     ("due_idx", "the due pick of the claim"),
     (
         "expiry_idx",
         "the expired pick of the claim, WHERE status = 'in_flight'",
-    ),
-    (
-        "lease_idx",
-        "the partial lease index WHERE status = 'in_flight'",
     ),
     ("unique_idx", "unique keys"),
     ("finished_idx", "the retention sweep"),
@@ -312,7 +308,8 @@ mod tests {
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
-        assert!(text.contains("column claimed_at") && text.contains("queue_jobs_lease_idx"));
+        assert!(text.contains("column claimed_at") && text.contains("queue_jobs_expiry_idx"));
+        assert!(!text.contains("queue_jobs_lease_idx"), "{text}");
         assert!(
             text.contains("index queue_jobs_due_idx is invalid"),
             "{text}"
@@ -335,5 +332,44 @@ mod tests {
             text.contains("the table queue_jobs_claim_starts") && text.contains("20261208000001"),
             "{text}"
         );
+    }
+
+    /// No statement reads `<table>_lease_idx` any more (the claim's expired pick reads the expiry
+    /// index): a table whose operator dropped it passes, and one that still has it passes too.
+    #[test]
+    fn the_lease_index_is_no_longer_required() {
+        let table = TableName::default();
+        let complete = |extra: &[&str]| TableFacts {
+            columns: COLUMNS
+                .iter()
+                .map(|(name, ty)| (name.to_string(), ty.to_string()))
+                .collect(),
+            indexes: REQUIRED_INDEXES
+                .iter()
+                .map(|(suffix, _)| format!("{table}_{suffix}"))
+                .chain(extra.iter().map(|name| name.to_string()))
+                .collect(),
+            invalid_indexes: vec![],
+            has_controls_table: true,
+            controls_columns: CONTROLS_LIMITS_COLUMNS
+                .iter()
+                .map(|(name, _, _)| name.to_string())
+                .chain(["queue".to_owned(), "paused_at".to_owned()])
+                .collect(),
+            has_schedules_table: true,
+            has_partition_starts_table: true,
+            has_claim_starts_table: true,
+            id_has_sequence: true,
+        };
+        assert!(!required_index_suffixes().any(|suffix| suffix == "lease_idx"));
+        evaluate_schema(&table, &complete(&[])).expect("a table without the lease index");
+        evaluate_schema(&table, &complete(&["queue_jobs_lease_idx"]))
+            .expect("a table that still has it");
+        let mut no_expiry = complete(&["queue_jobs_lease_idx"]);
+        no_expiry
+            .indexes
+            .retain(|name| name != "queue_jobs_expiry_idx");
+        let text = evaluate_schema(&table, &no_expiry).unwrap_err().to_string();
+        assert!(text.contains("index queue_jobs_expiry_idx"), "{text}");
     }
 }

@@ -49,6 +49,7 @@ per_driver!(
     a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool,
     a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step,
     limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim,
+    a_table_without_the_lease_index_serves_every_statement,
 );
 
 /// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
@@ -926,6 +927,33 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
         scanned.is_empty(),
         "the queues statement scans the job table: {scanned:?}"
     );
+    // No statement needs the lease index: without it, the in-flight skip scan reads the expiry
+    // index (the same queue-leading partial index) and nothing scans the table.
+    sqlx::raw_sql(
+        "UPDATE queue_jobs SET status = 'in_flight', claimed_at = now(),
+                lease_expires_at = now() + interval '90 seconds'
+         WHERE id IN (SELECT id FROM queue_jobs WHERE status = 'pending' LIMIT 300);
+         DROP INDEX queue_jobs_lease_idx;
+         ANALYZE queue_jobs;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let nodes = plan_nodes(&db, queue_postgres::testing::queues_sql(&table), |q| q).await;
+    let scanned: Vec<&Value> = nodes
+        .iter()
+        .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "queue_jobs")
+        .collect();
+    assert!(
+        scanned.is_empty(),
+        "without the lease index the queues statement scans the job table: {scanned:?}"
+    );
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["Index Name"] == "queue_jobs_expiry_idx"),
+        "the in-flight skip scan does not read the expiry index: {nodes:#?}"
+    );
     db.drop_db().await;
 }
 
@@ -1792,6 +1820,59 @@ async fn workers_carrying_outcomes_with_claims_run_each_job_once<D: TestDriver>(
         ),
         (3000 - failed, failed, 0, 0)
     );
+    db.drop_db().await;
+}
+
+/// No statement reads `<table>_lease_idx` (the claim's expired pick reads the expiry index), so
+/// the schema check no longer requires it: a table whose operator dropped it (operations.md says
+/// when) connects, claims, renews, takes over expired leases, fences their first holder,
+/// finalizes and lists its queues.
+async fn a_table_without_the_lease_index_serves_every_statement<D: TestDriver>() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let queue = support::connect::<D>(&db, PgQueueConfig::default())
+        .await
+        .expect("a table without the lease index passes the schema check");
+    for n in 0..3 {
+        queue
+            .enqueue(NewJob::from_value(json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    let lease = Lease::from_secs(30).unwrap();
+    let first = queue.claim(ClaimRequest::new(2, lease)).await.unwrap().jobs;
+    assert_eq!(first.len(), 2);
+    assert_eq!(
+        queue.extend_lease(first[0].claim(), lease).await.unwrap(),
+        Heartbeat::Held
+    );
+    support::shift_time(&db.pool, "queue_jobs", Duration::from_secs(31)).await;
+    let second = queue.claim(req(3)).await.unwrap().jobs;
+    assert_eq!(second.len(), 3, "both expired leases and the pending job");
+    assert_eq!(second.iter().filter(|j| j.taken_over).count(), 2);
+    assert_eq!(
+        queue_core::Admin::queues(&queue).await.unwrap(),
+        [QueueName::default()],
+        "a queue whose jobs are all in flight is listed"
+    );
+    assert_eq!(
+        queue
+            .finalize(first[0].claim(), &Finalize::Complete)
+            .await
+            .unwrap(),
+        FinalizeOutcome::Stale,
+        "the first holder is fenced"
+    );
+    let items: Vec<(Claim, Finalize)> = second
+        .iter()
+        .map(|j| (j.claim(), Finalize::Complete))
+        .collect();
+    let outcomes = queue.finalize_many(&items).await.unwrap();
+    assert!(outcomes.iter().all(|o| o.is_applied()), "{outcomes:?}");
+    assert_eq!(queue.counts().await.unwrap().completed, 3);
     db.drop_db().await;
 }
 

@@ -94,7 +94,7 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
     for named in [
         "column claimed_at",
         "column claim_generation",
-        "index invoice_jobs_lease_idx",
+        "index invoice_jobs_expiry_idx",
     ] {
         assert!(
             text.contains(named),
