@@ -20,7 +20,7 @@
 -- first, lock_queue.sql, it never is). rate_log holds the recent claims as [epoch
 -- milliseconds, jobs] pairs; a claim drops the ones older than the window and appends its own;
 -- "{{table}}_starts" keeps such a log per partition (claim_logged.sql).
--- The in-flight counts read the queue's in-flight rows (the lease index). Finalizes the
+-- The in-flight counts read the queue's in-flight rows (an in-flight partial index). Finalizes the
 -- snapshot does not see only make the counts higher. Assumes READ COMMITTED, as every statement
 -- of the framework does.
 --

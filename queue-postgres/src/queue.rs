@@ -263,10 +263,14 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// Creates (if missing) a queue table named `table`: the framework's migrations, rendered
-    /// for it ([`crate::create_table_sql`]).
+    /// for it ([`crate::create_table_sql`]). On a table that exists without
+    /// `<table>_lease_idx`, which no statement needs any more, it does not build that index
+    /// again (docs/operations.md, "Dropping `<table>_lease_idx`").
     pub async fn install_table(pool: &D::Pool, table: &TableName) -> Result<(), PgError> {
         let mut conn = D::acquire(pool).await?;
-        D::batch_execute(D::pooled(&mut conn), &schema::create_table_sql(table)).await
+        let facts = statement::table_facts::<D>(D::pooled(&mut conn), table).await?;
+        let ddl = schema::install_table_sql(table, &facts)?;
+        D::batch_execute(D::pooled(&mut conn), &ddl).await
     }
 
     /// Refuses, naming what is missing, a table that is not on the lease schema

@@ -32,6 +32,31 @@ pub fn create_table_sql(table: &TableName) -> String {
     ddl
 }
 
+/// The first table migration's lease index, as it stands there. No statement needs it any more
+/// (the claim's expired pick reads `<table>_expiry_idx`), so [`install_table_sql`] leaves it out
+/// for a table whose operator dropped it.
+const LEASE_INDEX_DDL: sql::Template = sql::Template {
+    name: "the lease index of 20261130000001_queue_jobs.sql",
+    text: "CREATE INDEX IF NOT EXISTS \"{{table}}_lease_idx\"
+    ON \"{{table}}\" (queue, claimed_at NULLS FIRST) WHERE status = 'in_flight';
+",
+};
+
+/// What `install_table` runs on a table it found as `facts` say: [`create_table_sql`], except
+/// that a table that exists without `<table>_lease_idx` does not get it back (building it
+/// would block the table's writes for a scan of it, and cost every claim an index entry).
+pub(crate) fn install_table_sql(table: &TableName, facts: &TableFacts) -> Result<String, PgError> {
+    let ddl = create_table_sql(table);
+    let lease_index = format!("{table}_lease_idx");
+    let dropped = !facts.columns.is_empty()
+        && !facts.indexes.contains(&lease_index)
+        && !facts.invalid_indexes.contains(&lease_index);
+    if !dropped {
+        return Ok(ddl);
+    }
+    Ok(ddl.replacen(&sql::for_table(LEASE_INDEX_DDL, table)?, "", 1))
+}
+
 /// The versions of the framework's table migrations, oldest first. A table of your own name
 /// (created from [`create_table_sql`] or upgraded with [`LegacyUpgrade`](crate::LegacyUpgrade)) gets each new
 /// one through [`table_migration_sql`], committed as a migration of your own.
@@ -334,7 +359,7 @@ mod tests {
         );
     }
 
-    /// No statement reads `<table>_lease_idx` any more (the claim's expired pick reads the expiry
+    /// No statement needs `<table>_lease_idx` any more (the claim's expired pick reads the expiry
     /// index): a table whose operator dropped it passes, and one that still has it passes too.
     #[test]
     fn the_lease_index_is_no_longer_required() {
@@ -344,11 +369,20 @@ mod tests {
                 .iter()
                 .map(|(name, ty)| (name.to_string(), ty.to_string()))
                 .collect(),
-            indexes: REQUIRED_INDEXES
-                .iter()
-                .map(|(suffix, _)| format!("{table}_{suffix}"))
-                .chain(extra.iter().map(|name| name.to_string()))
-                .collect(),
+            // What the table has once the lease index is dropped, named here rather than
+            // derived from the check's own list.
+            indexes: [
+                "queue_jobs_due_idx",
+                "queue_jobs_expiry_idx",
+                "queue_jobs_unique_idx",
+                "queue_jobs_finished_idx",
+                "queue_jobs_failed_idx",
+                "queue_jobs_partition_idx",
+            ]
+            .iter()
+            .chain(extra)
+            .map(|name| name.to_string())
+            .collect(),
             invalid_indexes: vec![],
             has_controls_table: true,
             controls_columns: CONTROLS_LIMITS_COLUMNS
@@ -361,7 +395,6 @@ mod tests {
             has_claim_starts_table: true,
             id_has_sequence: true,
         };
-        assert!(!required_index_suffixes().any(|suffix| suffix == "lease_idx"));
         evaluate_schema(&table, &complete(&[])).expect("a table without the lease index");
         evaluate_schema(&table, &complete(&["queue_jobs_lease_idx"]))
             .expect("a table that still has it");
@@ -371,5 +404,32 @@ mod tests {
             .retain(|name| name != "queue_jobs_expiry_idx");
         let text = evaluate_schema(&table, &no_expiry).unwrap_err().to_string();
         assert!(text.contains("index queue_jobs_expiry_idx"), "{text}");
+
+        // install_table does not build it again on a table that exists without it; a new
+        // table, or one that has it (even left invalid), gets the migrations as they are.
+        for name in ["queue_jobs", "mail_jobs"] {
+            let table = TableName::new(name).unwrap();
+            let full = create_table_sql(&table);
+            let index = format!("\"{name}_lease_idx\"");
+            assert!(full.contains(&index), "{full}");
+            let mut facts = complete(&[]);
+            facts.indexes = facts
+                .indexes
+                .iter()
+                .map(|i| i.replace("queue_jobs", name))
+                .collect();
+            let without = install_table_sql(&table, &facts).unwrap();
+            assert!(!without.contains(&index), "{without}");
+            assert_eq!(without.lines().count(), full.lines().count() - 2);
+            facts.invalid_indexes = vec![format!("{name}_lease_idx")];
+            assert_eq!(install_table_sql(&table, &facts).unwrap(), full);
+            facts.invalid_indexes.clear();
+            facts.indexes.push(format!("{name}_lease_idx"));
+            assert_eq!(install_table_sql(&table, &facts).unwrap(), full);
+            assert_eq!(
+                install_table_sql(&table, &TableFacts::default()).unwrap(),
+                full
+            );
+        }
     }
 }

@@ -933,12 +933,12 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
         "UPDATE queue_jobs SET status = 'in_flight', claimed_at = now(),
                 lease_expires_at = now() + interval '90 seconds'
          WHERE id IN (SELECT id FROM queue_jobs WHERE status = 'pending' LIMIT 300);
-         DROP INDEX queue_jobs_lease_idx;
          ANALYZE queue_jobs;",
     )
     .execute(&db.pool)
     .await
     .unwrap();
+    drop_lease_index(&db).await;
     let nodes = plan_nodes(&db, queue_postgres::testing::queues_sql(&table), |q| q).await;
     let scanned: Vec<&Value> = nodes
         .iter()
@@ -1073,7 +1073,21 @@ async fn heartbeats_and_cancels_read_their_row_by_primary_key_on_statistics_take
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_rows() {
+    claim_plan_stays_index_backed(true).await;
+}
+
+/// The same on a table whose operator dropped `queue_jobs_lease_idx`: the expiry index serves
+/// every in-flight read the lease index served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_plan_stays_index_backed_without_the_lease_index() {
+    claim_plan_stays_index_backed(false).await;
+}
+
+async fn claim_plan_stays_index_backed(lease_index: bool) {
     let db = TestDb::new().await;
+    if !lease_index {
+        drop_lease_index(&db).await;
+    }
     let queue = db.queue().await;
     // 100k finished rows, 200k due rows, 500 in flight.
     sqlx::raw_sql(
@@ -1166,8 +1180,22 @@ async fn claim_plan_stays_index_backed_with_a_large_backlog_and_many_finished_ro
 /// transaction rolled back), a claim of 10 reads a few hundred pages, not the backlog's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_claim_walks_the_partition_index_with_a_large_backlog() {
+    partitioned_claim_walks_the_partition_index(true).await;
+}
+
+/// The same on a table whose operator dropped `queue_jobs_lease_idx` (the limited claim's
+/// in-flight counts read the expiry index instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_claim_walks_the_partition_index_without_the_lease_index() {
+    partitioned_claim_walks_the_partition_index(false).await;
+}
+
+async fn partitioned_claim_walks_the_partition_index(lease_index: bool) {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
+    if !lease_index {
+        drop_lease_index(&db).await;
+    }
     let queue = db.queue().await;
     sqlx::raw_sql(
         "INSERT INTO queue_jobs (status, payload, finished_at, next_attempt_at, partition_key)
@@ -1823,38 +1851,69 @@ async fn workers_carrying_outcomes_with_claims_run_each_job_once<D: TestDriver>(
     db.drop_db().await;
 }
 
-/// No statement reads `<table>_lease_idx` (the claim's expired pick reads the expiry index), so
-/// the schema check no longer requires it: a table whose operator dropped it (operations.md says
-/// when) connects, claims, renews, takes over expired leases, fences their first holder,
-/// finalizes and lists its queues.
+/// No statement needs `<table>_lease_idx` (the claim's expired pick reads the expiry index, and
+/// every plan that may read it has the same shape on the expiry index), so the schema check no
+/// longer requires it. A table whose operator dropped it (operations.md says when) connects,
+/// is not given it back by `install_table`, claims with and without limits, renews, reports its
+/// statistics, takes over expired leases, fences their first holder, cancels, finalizes and
+/// lists its queues.
 async fn a_table_without_the_lease_index_serves_every_statement<D: TestDriver>() {
+    use queue_core::{Admin, CancelOutcome, QueueLimits};
     let db = TestDb::new().await;
-    sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
-        .execute(&db.pool)
+    drop_lease_index(&db).await;
+    let table = TableName::default();
+    PostgresQueue::<D>::install_table(&support::pool::<D>(&db, 1), &table)
         .await
         .unwrap();
+    assert!(
+        !has_lease_index(&db).await,
+        "install_table built the dropped index again"
+    );
     let queue = support::connect::<D>(&db, PgQueueConfig::default())
         .await
         .expect("a table without the lease index passes the schema check");
-    for n in 0..3 {
-        queue
-            .enqueue(NewJob::from_value(json!({ "n": n })))
-            .await
-            .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let job = NewJob::from_value(json!({ "n": n })).partition_key(format!("p{}", n % 2));
+        ids.push(queue.enqueue(job).await.unwrap().id);
     }
     let lease = Lease::from_secs(30).unwrap();
     let first = queue.claim(ClaimRequest::new(2, lease)).await.unwrap().jobs;
     assert_eq!(first.len(), 2);
+    let claims: Vec<Claim> = first.iter().map(|j| j.claim()).collect();
     assert_eq!(
-        queue.extend_lease(first[0].claim(), lease).await.unwrap(),
-        Heartbeat::Held
+        queue.extend_leases(&claims, lease).await.unwrap(),
+        [Some(Heartbeat::Held), Some(Heartbeat::Held)]
     );
+    let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
+    assert_eq!((stats.in_flight, stats.due), (2, 2));
+    assert_eq!(
+        queue.cancel(ids[3]).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    // The limited claim counts the jobs in flight, queue-wide and per partition.
+    queue
+        .set_limits(QueueLimits {
+            max_in_flight: Some(10),
+            max_per_partition: Some(2),
+            ..QueueLimits::NONE
+        })
+        .await
+        .unwrap();
     support::shift_time(&db.pool, "queue_jobs", Duration::from_secs(31)).await;
+    assert_eq!(
+        queue
+            .stats(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .lease_expired,
+        2
+    );
     let second = queue.claim(req(3)).await.unwrap().jobs;
     assert_eq!(second.len(), 3, "both expired leases and the pending job");
     assert_eq!(second.iter().filter(|j| j.taken_over).count(), 2);
     assert_eq!(
-        queue_core::Admin::queues(&queue).await.unwrap(),
+        queue.queues().await.unwrap(),
         [QueueName::default()],
         "a queue whose jobs are all in flight is listed"
     );
@@ -1872,8 +1931,26 @@ async fn a_table_without_the_lease_index_serves_every_statement<D: TestDriver>()
         .collect();
     let outcomes = queue.finalize_many(&items).await.unwrap();
     assert!(outcomes.iter().all(|o| o.is_applied()), "{outcomes:?}");
-    assert_eq!(queue.counts().await.unwrap().completed, 3);
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.completed, counts.cancelled), (3, 1));
+    assert!(!has_lease_index(&db).await);
     db.drop_db().await;
+}
+
+/// Drops `queue_jobs_lease_idx`, as operations.md lets an operator once every process runs a
+/// release that does not require it.
+async fn drop_lease_index(db: &TestDb) {
+    sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+async fn has_lease_index(db: &TestDb) -> bool {
+    sqlx::query_scalar("SELECT to_regclass('queue_jobs_lease_idx') IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
 }
 
 /// A row claimed by a binary from before leases were stored (an in-flight row with

@@ -25,6 +25,13 @@
 //!
 //! `--backlog N` loads N completed rows before the latency phase (PostgreSQL).
 //!
+//! `--drop-lease-index` drops `queue_jobs_lease_idx` before the throughput phase (the last line
+//! adds `lease_index=false`).
+//!
+//! `--instances N` drains with N workers on the queue, each of concurrency `--workers` and
+//! with claims of its own, as the database sees N worker processes; the last line then adds
+//! `instances=N`.
+//!
 //! The sqlx driver runs on a pool of 12 that does not ping a connection before handing it out,
 //! as the tokio-postgres driver's deadpool pool does not by default; `--sqlx-ping-on-acquire`
 //! restores sqlx's default (a round trip before each statement) and adds
@@ -57,6 +64,7 @@ use tokio::sync::Mutex;
 
 /// Counts runs per job id (ids of one run are dense from `first`); in the I/O-bound mode,
 /// awaits its delay first.
+#[derive(Clone)]
 struct Counting {
     first: i64,
     runs: Arc<Vec<AtomicU32>>,
@@ -197,6 +205,11 @@ struct Options {
     /// The worker's concurrency.
     #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     workers: usize,
+    /// Workers draining the queue in the throughput phase, each of concurrency `--workers`
+    /// with claims of its own: as the database sees several worker processes on one queue
+    /// (their claims race for the jobs and, under limits, take turns on the queue's row).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    instances: usize,
     /// The most jobs one claim asks for.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
@@ -264,6 +277,10 @@ struct Options {
     /// partitions taking turns is planned badly on statistics of an empty table.
     #[arg(long)]
     analyze: bool,
+    /// Drop `queue_jobs_lease_idx` after the migrations (PostgreSQL), as an operator may once
+    /// every process runs a release that does not require it (docs/operations.md).
+    #[arg(long)]
+    drop_lease_index: bool,
     /// The sqlx driver's pool pings each connection it hands out (sqlx's default,
     /// `PoolOptions::test_before_acquire`): a round trip before every statement. Off by
     /// default here, as deadpool-postgres's default recycling checks only that the
@@ -356,7 +373,7 @@ struct Drained {
 async fn throughput_run<B: queue_core::Admin>(
     o: &Options,
     queue: B,
-    hooks: Hooks<B::Tx, serde_json::Value>,
+    hooks: impl Fn() -> Hooks<B::Tx, serde_json::Value>,
     analyze: Option<&sqlx::PgPool>,
 ) -> Drained {
     if !o.limits().is_none() {
@@ -415,20 +432,35 @@ async fn throughput_run<B: queue_core::Admin>(
     let rss_before = status_kib("VmRSS");
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let worker = Worker::new(queue.clone(), handler, config)
-        .expect("config")
-        .hooks(hooks)
-        .start();
-    worker.wait_for(|s| s.completed >= o.jobs as u64).await;
-    // The worker's count is what it wrote; the database must agree.
+    let workers: Vec<_> = (0..o.instances)
+        .map(|_| {
+            Worker::new(queue.clone(), handler.clone(), config.clone())
+                .expect("config")
+                .hooks(hooks())
+                .start()
+        })
+        .collect();
+    let written = |workers: &[queue_core::WorkerHandle]| -> u64 {
+        workers.iter().map(|w| w.stats().completed).sum()
+    };
+    if let [worker] = &workers[..] {
+        worker.wait_for(|s| s.completed >= o.jobs as u64).await;
+    }
+    while written(&workers) < o.jobs as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The workers' count is what they wrote; the database must agree.
     while completed(&queue).await < o.jobs as u64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let process_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
     let cpu = cpu_time().saturating_sub(cpu_before);
     let peak = status_kib("VmHWM");
-    let stats = worker.stats();
-    worker.shutdown().await.expect("shutdown");
+    let mut stale = 0;
+    for worker in workers {
+        stale += worker.stats().stale;
+        worker.shutdown().await.expect("shutdown");
+    }
     let invocations: u64 = runs
         .iter()
         .map(|r| u64::from(r.load(Ordering::Relaxed)))
@@ -438,8 +470,9 @@ async fn throughput_run<B: queue_core::Admin>(
         process_jps,
         duplicates: invocations.saturating_sub(o.jobs as u64),
         cpu_us_per_job: cpu.as_secs_f64() * 1e6 / o.jobs as f64,
-        rss_kib_per_in_flight: peak.saturating_sub(rss_before) as f64 / o.workers as f64,
-        lost_leases: lost.load(Ordering::Relaxed) + stats.stale,
+        rss_kib_per_in_flight: peak.saturating_sub(rss_before) as f64
+            / (o.workers * o.instances) as f64,
+        lost_leases: lost.load(Ordering::Relaxed) + stale,
     }
 }
 
@@ -520,13 +553,19 @@ async fn sqlx_pool(o: &Options, db: &ScratchDb) -> sqlx::PgPool {
 async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     if o.backend == BackendName::Sqlite {
         let file = benches::ScratchSqlite::new("throughput").await;
-        let throughput = throughput_run(o, file.queue.clone(), Hooks::new(), None).await;
+        let throughput = throughput_run(o, file.queue.clone(), Hooks::new, None).await;
         drop(file);
         let file = benches::ScratchSqlite::new("latency").await;
         let latency = latency_run(o, file.queue.clone()).await;
         return (throughput, latency);
     }
     let db = benches::scratch_db().await;
+    if o.drop_lease_index {
+        sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
+            .execute(&db.pool)
+            .await
+            .expect("drop the lease index");
+    }
     if o.hooks {
         sqlx::raw_sql(HOOK_TABLES)
             .execute(&db.pool)
@@ -536,11 +575,11 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     let throughput = match o.driver {
         DriverName::Sqlx => {
             let queue = benches::queue(&sqlx_pool(o, &db).await).await;
-            throughput_run(o, queue, pg_hooks(o), Some(&db.pool)).await
+            throughput_run(o, queue, || pg_hooks(o), Some(&db.pool)).await
         }
         DriverName::TokioPostgres => {
             let queue = tp_queue(&db, false).await;
-            throughput_run(o, queue, pg_hooks(o), Some(&db.pool)).await
+            throughput_run(o, queue, || pg_hooks(o), Some(&db.pool)).await
         }
     };
     db.drop_db().await;
@@ -598,7 +637,7 @@ async fn main() {
             " delay_ms={} target_jps={:.0} rss_kib_per_in_flight={:.1} lost_leases={lost} \
              lease_ms={}",
             o.delay_ms,
-            0.9 * o.workers as f64 * 1000.0 / o.delay_ms as f64,
+            0.9 * (o.workers * o.instances) as f64 * 1000.0 / o.delay_ms as f64,
             rss.iter().copied().fold(0.0, f64::max),
             o.lease_ms
         )
@@ -616,6 +655,12 @@ async fn main() {
     }
     if !o.limits().is_none() {
         io.push_str(&format!(" limits=\"{}\"", o.limits()));
+    }
+    if o.instances > 1 {
+        io.push_str(&format!(" instances={}", o.instances));
+    }
+    if o.drop_lease_index && o.backend == BackendName::Postgres {
+        io.push_str(" lease_index=false");
     }
     println!(
         "bench: backend={} jobs={} workers={} enqueue_jps={:.0} process_jps={:.0} p50_start_ms={:.2} p99_start_ms={:.2} duplicates={} cpu_us_per_job={:.2} fused={}{io}",

@@ -182,71 +182,74 @@ where
             writer: writer.clone(),
             hooks,
         });
-        let mut hooked_batch = None;
-        let (sender, claims, task) = if batch && hooked.hooks.is_empty() {
-            let (tx, rx) = mpsc::channel(capacity.max(BATCH_LIMIT) * 2);
-            let (claims, asks) = match fuse {
-                true => {
-                    let (claims, asks) = mpsc::channel(1);
-                    (Some(claims), Some(asks))
-                }
-                false => (None, None),
-            };
-            let done = CancellationToken::new();
-            let batcher = Batcher {
-                writer: writer.clone(),
-                rx,
-                asks,
-                done: done.clone(),
-            };
-            let task = tokio::spawn(batcher.run());
-            let release = None;
-            (
-                Some(tx),
-                claims,
-                Some(BatchTask {
-                    task,
-                    done,
-                    release,
-                }),
-            )
-        } else if batch && hooked.writer.backend.savepoints() {
-            let (tx, rx) = mpsc::channel(capacity.max(HOOKED_BATCH_LIMIT) * 2);
-            let outstanding = Arc::new(Outstanding {
-                places: Arc::new(Semaphore::new(capacity.max(1))),
-                claims: Mutex::new(HashSet::new()),
-            });
-            let done = CancellationToken::new();
-            let batcher = HookedBatcher {
-                hooked: hooked.clone(),
-                outstanding: outstanding.clone(),
-                rx,
-                done: done.clone(),
-                alone: JoinSet::new(),
-            };
-            let task = tokio::spawn(batcher.run());
-            let release = Some(release_unwritten(writer.clone(), outstanding.clone()));
-            hooked_batch = Some((tx, outstanding));
-            (
-                None,
-                None,
-                Some(BatchTask {
-                    task,
-                    done,
-                    release,
-                }),
-            )
-        } else {
-            (None, None, None)
-        };
-        let finalizer = Finalizer {
+        let mut finalizer = Finalizer {
             writer,
             hooked,
-            batch: sender,
-            hooked_batch,
-            claims,
+            batch: None,
+            hooked_batch: None,
+            claims: None,
+        };
+        let task = if !batch {
+            None
+        } else if finalizer.hooked.hooks.is_empty() {
+            Some(finalizer.start_batcher(capacity, fuse))
+        } else if finalizer.writer.backend.savepoints() {
+            Some(finalizer.start_hooked_batcher(capacity))
+        } else {
+            None
         };
         (finalizer, task)
+    }
+
+    /// Starts the task that writes outcomes without hooks in batches, and sends the claims
+    /// with the outcomes waiting when `fuse`.
+    fn start_batcher(&mut self, capacity: usize, fuse: bool) -> BatchTask {
+        let (tx, rx) = mpsc::channel(capacity.max(BATCH_LIMIT) * 2);
+        let asks = fuse.then(|| {
+            let (claims, asks) = mpsc::channel(1);
+            self.claims = Some(claims);
+            asks
+        });
+        let done = CancellationToken::new();
+        let batcher = Batcher {
+            writer: self.writer.clone(),
+            rx,
+            asks,
+            done: done.clone(),
+        };
+        let task = tokio::spawn(batcher.run());
+        self.batch = Some(tx);
+        BatchTask {
+            task,
+            done,
+            release: None,
+        }
+    }
+
+    /// Starts the task that writes outcomes with hooks many to a transaction, a savepoint
+    /// each; what it still holds when shutdown's time runs out is given back.
+    fn start_hooked_batcher(&mut self, capacity: usize) -> BatchTask {
+        let (tx, rx) = mpsc::channel(capacity.max(HOOKED_BATCH_LIMIT) * 2);
+        let outstanding = Arc::new(Outstanding {
+            places: Arc::new(Semaphore::new(capacity.max(1))),
+            claims: Mutex::new(HashSet::new()),
+        });
+        let done = CancellationToken::new();
+        let batcher = HookedBatcher {
+            hooked: self.hooked.clone(),
+            outstanding: outstanding.clone(),
+            rx,
+            done: done.clone(),
+            alone: JoinSet::new(),
+        };
+        let task = tokio::spawn(batcher.run());
+        let release = Some(release_unwritten(self.writer.clone(), outstanding.clone()));
+        self.hooked_batch = Some((tx, outstanding));
+        BatchTask {
+            task,
+            done,
+            release,
+        }
     }
 
     /// Claims jobs: through the batching task, with the outcomes waiting, when claims carry
