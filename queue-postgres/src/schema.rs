@@ -54,7 +54,16 @@ pub(crate) fn install_table_sql(table: &TableName, facts: &TableFacts) -> Result
     if !dropped {
         return Ok(ddl);
     }
-    Ok(ddl.replacen(&sql::for_table(LEASE_INDEX_DDL, table)?, "", 1))
+    let lease_index_ddl = sql::for_table(LEASE_INDEX_DDL, table)?;
+    // Were the migration ever to state the index otherwise, building it again silently would
+    // block the table's writes: refuse instead (a unit test keeps the two in step).
+    if !ddl.contains(&lease_index_ddl) {
+        return Err(PgError::Template {
+            template: LEASE_INDEX_DDL.name,
+            token: "the lease index's statement, not found in the table migrations".to_owned(),
+        });
+    }
+    Ok(ddl.replacen(&lease_index_ddl, "", 1))
 }
 
 /// The versions of the framework's table migrations, oldest first. A table of your own name

@@ -26,11 +26,12 @@
 //! `--backlog N` loads N completed rows before the latency phase (PostgreSQL).
 //!
 //! `--drop-lease-index` drops `queue_jobs_lease_idx` before the throughput phase (the last line
-//! adds `lease_index=false`).
+//! adds `lease_index=false`; the latency phase's table keeps it).
 //!
 //! `--instances N` drains with N workers on the queue, each of concurrency `--workers` and
-//! with claims of its own, as the database sees N worker processes; the last line then adds
-//! `instances=N`.
+//! with claims of its own: the database sees N claimers racing, as from N worker processes,
+//! but the workers share this process, its queue handle and its pool of 12 connections. The
+//! last line then adds `instances=N`.
 //!
 //! The sqlx driver runs on a pool of 12 that does not ping a connection before handing it out,
 //! as the tokio-postgres driver's deadpool pool does not by default; `--sqlx-ping-on-acquire`
@@ -206,8 +207,9 @@ struct Options {
     #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     workers: usize,
     /// Workers draining the queue in the throughput phase, each of concurrency `--workers`
-    /// with claims of its own: as the database sees several worker processes on one queue
-    /// (their claims race for the jobs and, under limits, take turns on the queue's row).
+    /// with claims of its own (their claims race for the jobs and, under limits, take turns on
+    /// the queue's row, as several worker processes' would); they share this process, the
+    /// queue handle and its pool.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     instances: usize,
     /// The most jobs one claim asks for.
@@ -458,8 +460,7 @@ async fn throughput_run<B: queue_core::Admin>(
     let peak = status_kib("VmHWM");
     let mut stale = 0;
     for worker in workers {
-        stale += worker.stats().stale;
-        worker.shutdown().await.expect("shutdown");
+        stale += worker.shutdown().await.expect("shutdown").stats.stale;
     }
     let invocations: u64 = runs
         .iter()

@@ -161,9 +161,10 @@ where
     B: Backend,
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    /// A finalizer for jobs held under `lease`; with `batch` and no hooks it also starts the
-    /// batching task, whose queue holds `capacity` outcomes, and which also sends the claims
-    /// when `fuse` asks for it and the backend can.
+    /// A finalizer for jobs held under `lease`. With `batch` it also starts a batching task,
+    /// whose queue holds `capacity` outcomes: without hooks the one that writes outcomes in
+    /// batches (and also sends the claims when `fuse` asks for it and the backend can), with
+    /// hooks on a backend with savepoints the one that writes them many to a transaction.
     pub(super) fn start(
         backend: B,
         hooks: Hooks<B::Tx, P>,
