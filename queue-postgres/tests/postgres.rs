@@ -917,12 +917,16 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
             .any(|n| n["Index Name"] == "queue_jobs_failed_idx"),
         "the dead listing does not use the failed index: {types:?}"
     );
-    let queues = queue_postgres::testing::queues_sql(&table);
-    let nodes = plan_nodes(&db, queues, |q| q).await;
-    let scanned: Vec<&Value> = nodes
-        .iter()
-        .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "queue_jobs")
-        .collect();
+    let queues_plan = || async {
+        let nodes = plan_nodes(&db, queue_postgres::testing::queues_sql(&table), |q| q).await;
+        let scans: Vec<Value> = nodes
+            .iter()
+            .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "queue_jobs")
+            .cloned()
+            .collect();
+        (nodes, scans)
+    };
+    let (_, scanned) = queues_plan().await;
     assert!(
         scanned.is_empty(),
         "the queues statement scans the job table: {scanned:?}"
@@ -939,11 +943,7 @@ async fn admin_listings_stay_index_backed_on_a_large_table() {
     .await
     .unwrap();
     drop_lease_index(&db).await;
-    let nodes = plan_nodes(&db, queue_postgres::testing::queues_sql(&table), |q| q).await;
-    let scanned: Vec<&Value> = nodes
-        .iter()
-        .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "queue_jobs")
-        .collect();
+    let (nodes, scanned) = queues_plan().await;
     assert!(
         scanned.is_empty(),
         "without the lease index the queues statement scans the job table: {scanned:?}"
