@@ -1940,10 +1940,7 @@ async fn a_table_without_the_lease_index_serves_every_statement<D: TestDriver>()
 /// Drops `queue_jobs_lease_idx`, as operations.md lets an operator once every process runs a
 /// release that does not require it.
 async fn drop_lease_index(db: &TestDb) {
-    sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    queue_postgres::testing::drop_lease_index(&db.pool, &TableName::default()).await;
 }
 
 async fn has_lease_index(db: &TestDb) -> bool {

@@ -562,10 +562,8 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
     }
     let db = benches::scratch_db().await;
     if o.drop_lease_index {
-        sqlx::raw_sql("DROP INDEX queue_jobs_lease_idx")
-            .execute(&db.pool)
-            .await
-            .expect("drop the lease index");
+        queue_postgres::testing::drop_lease_index(&db.pool, &queue_postgres::TableName::default())
+            .await;
     }
     if o.hooks {
         sqlx::raw_sql(HOOK_TABLES)

@@ -251,6 +251,16 @@ pub fn stats_sql(table: &TableName) -> String {
     crate::sql::for_table(crate::sql::STATS, table).expect("the stats render for any table")
 }
 
+/// Drops `<table>_lease_idx`, which no statement needs any more, as an operator may once every
+/// process that opens the table runs a release that does not require it (docs/operations.md,
+/// "Dropping `<table>_lease_idx`"): how the tests and the bench get such a table.
+pub async fn drop_lease_index(pool: &PgPool, table: &TableName) {
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP INDEX \"{table}_lease_idx\"")))
+        .execute(pool)
+        .await
+        .expect("drop the lease index");
+}
+
 /// Moves every stored instant of a queue table back by `by`: to its rows, the database clock
 /// moved forward. The backend reads only `now()`, so this is how tests expire leases and bring
 /// scheduled jobs due without sleeping.
