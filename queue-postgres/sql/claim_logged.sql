@@ -29,6 +29,9 @@ slot_claims AS (
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
+        counted_claims = c.counted_claims
+                         + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
+        counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),
         rate_log = CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.rate_log
             WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb ELSE
             COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e

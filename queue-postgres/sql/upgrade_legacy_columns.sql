@@ -103,4 +103,9 @@ ALTER TABLE "{{table}}_queues"
 ALTER TABLE "{{table}}_queues"
     ALTER COLUMN partition_slots SET STORAGE PLAIN;
 
-ALTER TABLE "{{table}}_queues" SET (toast_tuple_target = 8160)
+ALTER TABLE "{{table}}_queues" SET (toast_tuple_target = 8160);
+
+-- The jobs the limited claims put in flight (table migration 20261210000001).
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS counted_claims bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS counted_jobs bigint NOT NULL DEFAULT 0

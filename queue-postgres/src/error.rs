@@ -195,6 +195,18 @@ impl PgError {
         }
     }
 
+    /// The server's message, when the server refused a statement (never its detail, which
+    /// can quote row values).
+    pub(crate) fn server_message(&self) -> Option<String> {
+        match self {
+            #[cfg(feature = "sqlx")]
+            PgError::Database(sqlx::Error::Database(db)) => Some(db.message().to_owned()),
+            #[cfg(feature = "tokio-postgres")]
+            PgError::TokioPostgres(err) => err.as_db_error().map(|db| db.message().to_owned()),
+            _ => None,
+        }
+    }
+
     /// True when trying again later can succeed: the connection dropped, the pool timed out,
     /// the server is shutting down or restarting, is a standby now (a write refused as read-only:
     /// a failover demoted it), a serialization failure or deadlock.

@@ -52,8 +52,28 @@ struct Inner<D: Driver> {
     wake: Arc<Notify>,
     /// Whether the queue had limits when this handle last looked, and when that was.
     limits_seen: std::sync::Mutex<LimitsSeen>,
+    /// When a claim last found its queue-wide limits near binding (`claim_ahead.sql` said so,
+    /// or was over them): claims take the row's lock first until [`AHEAD_PAUSE`] has passed.
+    near_limit_at: std::sync::Mutex<Option<std::time::Instant>>,
     _listener: Option<ListenerGuard>,
 }
+
+/// What `claim_ahead.sql` came to.
+enum Ahead {
+    /// Committed.
+    Claimed(ClaimBatch),
+    /// The room was not ample: nothing claimed.
+    Binding,
+    /// Its jobs would have put the queue over a limit: it failed, undone.
+    Over,
+    /// The queue has limits per partition: nothing claimed.
+    Partitioned,
+}
+
+/// How long a handle whose claim found its queue near a limit claims under the queue's row
+/// lock before it tries `claim_ahead.sql` again: near the limit that try mostly comes back
+/// empty-handed, a transaction and a count for nothing.
+const AHEAD_PAUSE: Duration = Duration::from_millis(250);
 
 /// How long a handle trusts what it last read of its queue's limits. Claims of a queue with
 /// limits take the locked path (`lock_queue.sql`, `claim_limited.sql`); a handle that has not
@@ -119,6 +139,7 @@ impl<D: Driver> PostgresQueue<D> {
                 channel,
                 wake,
                 limits_seen: Default::default(),
+                near_limit_at: Default::default(),
                 _listener: listener,
             }),
         })
@@ -328,6 +349,40 @@ impl<D: Driver> PostgresQueue<D> {
             .partitioned = true;
     }
 
+    /// Whether the next limited claim of a queue without limits per partition tries
+    /// `claim_ahead.sql` first: not for [`AHEAD_PAUSE`] after one found the queue near a limit.
+    fn ahead_worth_trying(&self) -> bool {
+        let near = self.inner.near_limit_at.lock().expect("near-limit lock");
+        near.is_none_or(|at| at.elapsed() >= AHEAD_PAUSE)
+    }
+
+    fn saw_near_limit(&self) {
+        *self.inner.near_limit_at.lock().expect("near-limit lock") =
+            Some(std::time::Instant::now());
+    }
+
+    /// The claim of a queue whose limits are queue-wide only, while they leave ample room
+    /// (`claim_ahead.sql`, which fails, undone, when its jobs would pass the limits).
+    async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Ahead, PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let queue = &inner.config.queue;
+        let claim =
+            statement::claim_ahead::<D>(D::pooled(&mut conn), &inner.sql, queue, request).await?;
+        Ok(if claim.partitioned {
+            self.saw_partitions();
+            Ahead::Partitioned
+        } else if claim.over {
+            self.saw_near_limit();
+            Ahead::Over
+        } else if claim.binding {
+            self.saw_near_limit();
+            Ahead::Binding
+        } else {
+            Ahead::Claimed(ClaimBatch { jobs: claim.jobs })
+        })
+    }
+
     /// A claim of a queue with limits: one statement that takes the queue's row lock and
     /// claims within the limits (`claim_limited.sql`), and a second one when its pick would put
     /// a partition over its limit (`claim_turns.sql`, for the rest of the batch). When another
@@ -341,7 +396,20 @@ impl<D: Driver> PostgresQueue<D> {
         let queue = &inner.config.queue;
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
-        let fold = {
+        let mut contended = false;
+        if form == LimitedForm::Lean && self.ahead_worth_trying() {
+            match self.claim_ahead(request).await? {
+                Ahead::Claimed(batch) => return Ok(batch),
+                Ahead::Partitioned => form = LimitedForm::Pick,
+                Ahead::Binding => {}
+                // Claims committed while it ran: a statement alone would most likely find
+                // its snapshot stale too.
+                Ahead::Over => contended = true,
+            }
+        }
+        let fold = if contended {
+            false
+        } else {
             let mut conn = D::acquire(&inner.pool).await?;
             loop {
                 let rest = rest_of(request, jobs.len());
@@ -888,6 +956,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 channel: inner.channel.clone(),
                 wake: Arc::new(Notify::new()),
                 limits_seen: Default::default(),
+                near_limit_at: Default::default(),
                 _listener: None,
             }),
         }

@@ -111,7 +111,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 11] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 13] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -123,6 +123,8 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 11] = [
     ("partition_rate_per_ms", 20261207000001, "partition rates"),
     ("partition_tally", 20261208000001, "partition rate tally"),
     ("partition_slots", 20261209000001, "partition rate slots"),
+    ("counted_claims", 20261210000001, "claim counts"),
+    ("counted_jobs", 20261210000001, "claim counts"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -317,7 +319,8 @@ mod tests {
                 20261206000001,
                 20261207000001,
                 20261208000001,
-                20261209000001
+                20261209000001,
+                20261210000001
             ]
         );
     }

@@ -36,6 +36,7 @@ pub(crate) const CLAIM_DUE: Template = template!("claim_due.sql");
 pub(crate) const CLAIM_PICKS: Template = template!("claim_picks.sql");
 pub(crate) const CLAIM_LIMITED: Template = template!("claim_limited.sql");
 pub(crate) const CLAIM_TURNS: Template = template!("claim_turns.sql");
+pub(crate) const CLAIM_AHEAD: Template = template!("claim_ahead.sql");
 pub(crate) const CLAIM_CANDIDATES: Template = template!("claim_candidates.sql");
 pub(crate) const CLAIM_KEY_STARTED: Template = template!("claim_key_started.sql");
 pub(crate) const CLAIM_WALK_ROOM: Template = template!("claim_walk_room.sql");
@@ -89,7 +90,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 9] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 10] = [
     (
         20261130000001,
         "queue jobs",
@@ -160,6 +161,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 9] = [
         Template {
             name: "20261209000001_partition_rate_slots.sql",
             text: include_str!("../migrations/20261209000001_partition_rate_slots.sql"),
+        },
+    ),
+    (
+        20261210000001,
+        "claim counts",
+        Template {
+            name: "20261210000001_claim_counts.sql",
+            text: include_str!("../migrations/20261210000001_claim_counts.sql"),
         },
     ),
 ];
@@ -512,6 +521,43 @@ pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
     )
 }
 
+/// How many claims of the batch asked for the room of a queue-wide limit must leave space for
+/// before `claim_ahead.sql` claims without waiting for the queue's row. Claims that commit
+/// while one runs use up its margin; past it, the claim is rolled back and runs again under
+/// the row's lock (its pick and write wasted), so the margin keeps those rare far from the
+/// limit, while near it every claim takes the lock, as `claim_limited.sql` does.
+pub(crate) const AHEAD_MARGIN: u32 = 4;
+
+/// The text of the error `claim_ahead.sql` fails with when its jobs would put the queue over
+/// a limit (SQLSTATE 22P02, the text cast to a number): the whole claim is undone.
+pub(crate) const AHEAD_OVER: &str = "claim_ahead: over the limits of the queue";
+
+/// The picks of `claim_ahead.sql`: the batch asked for, or none when the room is not ample.
+const AHEAD_PICKS: Picks<'static> = Picks {
+    due_batch: "(SELECT jobs FROM take)",
+    batch: "(SELECT jobs FROM take)",
+    guard: "",
+    expired_guard: "OR (SELECT jobs FROM take) = 0",
+    claim_now: "now()",
+};
+
+/// `claim_ahead.sql` for `table`: the claim of a queue with queue-wide limits only, while they
+/// leave ample room, which checks them only at its end (under the queue's row lock).
+pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
+    let (due, picks) = claim_parts(table, &AHEAD_PICKS, None)?;
+    let margin = AHEAD_MARGIN.to_string();
+    for_table_with(
+        CLAIM_AHEAD,
+        table,
+        &[
+            ("claim_due", &due),
+            ("claim_picks", &picks),
+            ("margin", &margin),
+            ("over", AHEAD_OVER),
+        ],
+    )
+}
+
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
@@ -626,6 +672,7 @@ pub(crate) struct Sql {
     pub(crate) claim_limited: Arc<str>,
     pub(crate) claim_limited_lean: Arc<str>,
     pub(crate) claim_turns: Arc<str>,
+    pub(crate) claim_ahead: Arc<str>,
     pub(crate) lock_queue: Arc<str>,
     pub(crate) fold_starts: Arc<str>,
     pub(crate) set_limits: Arc<str>,
@@ -666,6 +713,7 @@ impl Sql {
             claim_limited: claim_limited(table)?.into(),
             claim_limited_lean: claim_limited_lean(table)?.into(),
             claim_turns: claim_turns(table)?.into(),
+            claim_ahead: claim_ahead(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
             fold_starts: r(FOLD_STARTS)?,
             set_limits: r(SET_LIMITS)?,
@@ -764,6 +812,17 @@ mod tests {
         );
     }
 
+    /// The claim ahead's refusal is the text its caller looks for, cast whole (no quote in it
+    /// to end the literal early).
+    #[test]
+    fn the_claim_ahead_fails_with_the_text_its_caller_looks_for() {
+        assert!(!AHEAD_OVER.contains('\''));
+        let text = claim_ahead(&TableName::default()).unwrap();
+        assert!(text.contains(&format!(
+            "('{AHEAD_OVER} with ' || (SELECT count(*) FROM claimed)"
+        )));
+    }
+
     #[test]
     fn every_statement_renders_for_any_table_and_touches_only_the_table() {
         let table = TableName::new("exchange_send_jobs").unwrap();
@@ -808,6 +867,7 @@ mod tests {
                 .starts_with(claim_first_line())
         );
         assert!(claim_turns(&table).unwrap().starts_with(claim_first_line()));
+        assert!(claim_ahead(&table).unwrap().starts_with(claim_first_line()));
         let lean = claim_limited_lean(&table).unwrap();
         assert!(lean.starts_with(claim_first_line()));
         // The lean form writes none of the partition tables, and reads only the queue's

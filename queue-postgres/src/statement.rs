@@ -754,6 +754,57 @@ pub(crate) async fn claim_limited<D: Driver>(
     Ok(claim)
 }
 
+/// What `claim_ahead.sql` did.
+#[derive(Debug, Default)]
+pub(crate) struct AheadClaim {
+    pub(crate) jobs: Vec<ClaimedJob>,
+    /// Its jobs would have put the queue over a limit: it failed, and nothing it wrote stays.
+    pub(crate) over: bool,
+    /// The room was not ample: it claimed nothing; claim with `claim_limited.sql`.
+    pub(crate) binding: bool,
+    /// The queue has limits per partition: it claimed nothing; claim with the full form of
+    /// `claim_limited.sql`.
+    pub(crate) partitioned: bool,
+}
+
+/// `claim_ahead.sql`, a transaction of its own (`conn` in none).
+pub(crate) async fn claim_ahead<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+) -> Result<AheadClaim, PgError> {
+    let none = Vec::new();
+    let params = claim_params(queue, request, &none);
+    let rows = match D::query(conn, &sql.claim_ahead, &params).await {
+        Ok(rows) => rows,
+        Err(err) if is_ahead_over(&err) => {
+            return Ok(AheadClaim {
+                over: true,
+                ..AheadClaim::default()
+            });
+        }
+        Err(err) => return Err(err),
+    };
+    let mut claim = AheadClaim::default();
+    for row in &rows {
+        match get::<D, Option<String>>(row, "marker")?.as_deref() {
+            None => claim.jobs.push(claimed_job::<D>(row)?),
+            Some("partitioned") => claim.partitioned = true,
+            Some(_) => claim.binding = true,
+        }
+    }
+    Ok(claim)
+}
+
+/// Whether `err` is `claim_ahead.sql`'s own refusal of a claim over the queue's limits.
+fn is_ahead_over(err: &PgError) -> bool {
+    err.sqlstate().as_deref() == Some("22P02")
+        && err
+            .server_message()
+            .is_some_and(|message| message.contains(crate::sql::AHEAD_OVER))
+}
+
 /// `record_schedules.sql`: the scheduler `seen_by`'s schedules of `queue`.
 pub(crate) async fn record_schedules<D: Driver>(
     conn: D::Conn<'_>,

@@ -50,6 +50,7 @@ per_driver!(
     a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step,
     limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim,
     a_table_without_the_lease_index_serves_every_statement,
+    a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock,
 );
 
 /// Heartbeats of many claims in one statement: a job whose row another transaction holds (a
@@ -2407,6 +2408,30 @@ fn worker_processes_never_exceed_the_queue_limit() {
     assert_eq!(most, 3, "the limit bound: three ran at once at some point");
 }
 
+/// Six worker processes of twenty-four slots each, claiming at most five jobs at a time (each
+/// job 50 ms of work), on a
+/// queue limited to forty jobs in flight: while twenty or fewer are in flight their claims do
+/// not wait for the queue's row (`claim_ahead.sql`: the room leaves space for four such
+/// claims) and check the limit only as they end, racing one another (six claims of five could
+/// pass it); past that they claim under the lock. Sampled from the database while they run, never more than forty are in
+/// flight, the limit binds, and every job completes.
+#[test]
+fn worker_processes_claiming_ahead_never_exceed_the_queue_limit() {
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(40),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..1500).map(|n| NewJob::from_value(json!({ "n": n })));
+    let most = run_limited_workers_of(
+        limits,
+        jobs.collect(),
+        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+        40,
+        (6, 24, 5, 50),
+    );
+    assert_eq!(most, 40, "the limit bound: forty ran at once at some point");
+}
+
 /// Three worker processes of eight slots each on a queue of six partitions (twenty jobs each)
 /// and ten jobs without one, limited to two jobs in flight per partition: sampled from the
 /// database while they run, no partition ever has more than two in flight, the limit binds,
@@ -2551,6 +2576,18 @@ fn run_limited_workers(
     sample: &'static str,
     limit: i64,
 ) -> i64 {
+    run_limited_workers_of(limits, jobs, sample, limit, (3, 8, 100, 5))
+}
+
+/// [`run_limited_workers`] with `processes` workers of `(concurrency, max_batch)`, whose jobs
+/// each take `work_ms`.
+fn run_limited_workers_of(
+    limits: queue_core::QueueLimits,
+    jobs: Vec<NewJob>,
+    sample: &'static str,
+    limit: i64,
+    (processes, concurrency, max_batch, work_ms): (usize, usize, u32, u64),
+) -> i64 {
     use queue_core::Admin;
     let total = jobs.len() as i64;
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -2571,12 +2608,16 @@ fn run_limited_workers(
         }
     }
     let children = Children(
-        (0..3)
+        (0..processes)
             .map(|_| {
                 std::process::Command::new(std::env::current_exe().unwrap())
                     .args(["--exact", "limited_worker_process", "--ignored"])
                     .args(["--nocapture", "--test-threads", "1"])
                     .env("QUEUE_LIMITED_DB", support::url(&db))
+                    .env(
+                        "QUEUE_LIMITED_WORKER",
+                        format!("{concurrency} {max_batch} {work_ms}"),
+                    )
                     .stdout(std::process::Stdio::null())
                     .spawn()
                     .expect("the test binary runs a child of itself")
@@ -2615,16 +2656,16 @@ fn run_limited_workers(
     most
 }
 
-/// A child process of `run_limited_workers`: a worker of eight slots whose jobs each take a few
-/// milliseconds (the work), until its parent kills it.
+/// A child process of `run_limited_workers`: a worker of the slots and claims its parent asks
+/// for, whose jobs each take the milliseconds it says (the work), until its parent kills it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of run_limited_workers"]
 async fn limited_worker_process() {
-    struct Work;
+    struct Work(Duration);
     impl Handler for Work {
         type Payload = Value;
         async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(self.0).await;
             Ok(())
         }
     }
@@ -2633,12 +2674,16 @@ async fn limited_worker_process() {
     let queue = queue_postgres::PgQueue::connect(pool, PgQueueConfig::default())
         .await
         .unwrap();
+    let shape = std::env::var("QUEUE_LIMITED_WORKER").expect("run by run_limited_workers");
+    let shape: Vec<u64> = shape.split(' ').map(|n| n.parse().unwrap()).collect();
     let config = WorkerConfig {
-        concurrency: 8,
+        concurrency: shape[0] as usize,
+        max_batch: shape[1] as u32,
         poll_interval: Duration::from_millis(10),
         ..WorkerConfig::default()
     };
-    let worker = Worker::new(queue, Work, config).unwrap().start();
+    let work = Work(Duration::from_millis(shape[2]));
+    let worker = Worker::new(queue, work, config).unwrap().start();
     worker.wait_for(|_| false).await;
 }
 
@@ -3164,5 +3209,241 @@ async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
             .await
             .unwrap();
     assert_eq!(status, "pending");
+    db.drop_db().await;
+}
+
+/// Runs `sql` (a claim statement rendered for the default table) for `batch` jobs of the
+/// default queue in `conn`: how many jobs it returned, and its markers (`over`, `binding`, …).
+async fn raw_claim(
+    conn: &mut sqlx::PgConnection,
+    sql: String,
+    batch: i64,
+    holder: &str,
+) -> Result<(usize, Vec<String>), sqlx::Error> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind(holder)
+        .bind(42_i64)
+        .bind(Vec::<i64>::new())
+        .fetch_all(conn)
+        .await?;
+    let markers: Vec<String> = rows
+        .iter()
+        .filter_map(|row| row.get::<Option<String>, _>("marker"))
+        .collect();
+    Ok((rows.len() - markers.len(), markers))
+}
+
+/// Asserts that `claim` is `claim_ahead.sql`'s refusal of a claim over the queue's limits.
+fn assert_over(claim: Result<(usize, Vec<String>), sqlx::Error>) {
+    let err = claim.expect_err("the claim ahead is refused");
+    let db = err.as_database_error().expect("the server refused it");
+    assert_eq!(db.code().as_deref(), Some("22P02"), "{err}");
+    assert!(
+        db.message()
+            .contains("claim_ahead: over the limits of the queue with 3 jobs"),
+        "{err}"
+    );
+}
+
+/// The default queue's jobs in flight.
+async fn in_flight(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Twenty jobs in the default queue under `limits`; a transaction claims `held` of them with
+/// `claim_limited.sql` and holds the queue's row (as a claim under the lock does until it
+/// commits), then runs `meanwhile` in it (the claim of an earlier release, say); a claim of
+/// three with `claim_ahead.sql` (a transaction of its own) picks and writes its jobs and waits
+/// for the row at its end. Once the first commits, the second ends: its jobs and markers, or
+/// its error.
+async fn claim_ahead_after_a_locked_claim(
+    db: &TestDb,
+    limits: queue_core::QueueLimits,
+    held: i64,
+    meanwhile: Option<&'static str>,
+) -> Result<(usize, Vec<String>), sqlx::Error> {
+    use queue_core::Admin;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    queue.set_limits(limits).await.unwrap();
+    let table = TableName::default();
+    let mut holder = db.pool.begin().await.unwrap();
+    let locked = queue_postgres::testing::claim_limited_sql(&table);
+    let first = raw_claim(&mut holder, locked, held, "first").await.unwrap();
+    assert_eq!(first, (held as usize, vec![]));
+    if let Some(sql) = meanwhile {
+        sqlx::query(sql).execute(&mut *holder).await.unwrap();
+    }
+    let pool = db.pool.clone();
+    let ahead = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+        raw_claim(&mut conn, sql, 3, "ahead").await
+    });
+    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
+    holder.commit().await.unwrap();
+    ahead.await.unwrap()
+}
+
+/// A claim that does not wait for the queue's row while max_in_flight leaves ample room
+/// (thirteen, nothing in flight in its snapshot) counts at its end the jobs that a claim which
+/// committed meanwhile put in flight (eleven, counted on the row): its three would make
+/// fourteen, so it fails, and nothing it wrote stays. The handle's next claim takes the two
+/// left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_while_it_ran() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(13),
+        ..queue_core::QueueLimits::NONE
+    };
+    assert_over(claim_ahead_after_a_locked_claim(&db, limits, 11, None).await);
+    assert_eq!(in_flight(&db).await, 11, "the claim ahead was undone");
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    assert_eq!(queue.claim(req(3)).await.unwrap().jobs.len(), 2);
+    assert_eq!(in_flight(&db).await, 13);
+    db.drop_db().await;
+}
+
+/// Through a queue handle, on either driver: its claim goes ahead (thirteen allowed, nothing in
+/// flight in its snapshot), meets at its end the eleven jobs a claim put in flight while it
+/// ran, fails, undone, and claims again under the lock in the same call: the two left.
+async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: TestDriver>() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<D>(&db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    let limits = QueueLimits {
+        max_in_flight: Some(13),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let first = raw_claim(&mut holder, locked, 11, "first").await.unwrap();
+    assert_eq!(first, (11, vec![]));
+    let claiming = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
+    };
+    wait_for_a_lock_wait(&db, "the handle's claim never waited for the queue's row").await;
+    // Its jobs are written before it waits, as only a claim ahead's are: the rows it holds.
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+         WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
+           AND l.locktype = 'transactionid' AND l.granted",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        held, 1,
+        "the waiting claim has written (it holds its transaction id)"
+    );
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 2);
+    assert_eq!(in_flight(&db).await, 13);
+    db.drop_db().await;
+}
+
+/// The same within the limit (two held, twenty allowed): the claim ahead fits and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_within_the_limit_commits_beside_a_locked_claim() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(20),
+        ..queue_core::QueueLimits::NONE
+    };
+    let claim = claim_ahead_after_a_locked_claim(&db, limits, 2, None).await;
+    assert_eq!(claim.unwrap(), (3, vec![]));
+    assert_eq!(in_flight(&db).await, 5);
+    db.drop_db().await;
+}
+
+/// The claim that committed meanwhile is one of a release that does not count its jobs on the
+/// queue's row (it moves the claims counter alone): the claim ahead cannot bound the jobs in
+/// flight and fails, undone, although the room would have held them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_after_an_uncounted_claim_is_over() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(20),
+        ..queue_core::QueueLimits::NONE
+    };
+    let earlier_release = "UPDATE queue_jobs_queues
+                           SET counted_claims = counted_claims - 1, counted_jobs = counted_jobs - 2
+                           WHERE queue = 'default'";
+    assert_over(claim_ahead_after_a_locked_claim(&db, limits, 2, Some(earlier_release)).await);
+    assert_eq!(in_flight(&db).await, 2);
+    db.drop_db().await;
+}
+
+/// Under a rate alone (fourteen starts a minute), a claim ahead counts the starts a claim
+/// logged while it ran (twelve): its three would make fifteen, so it fails, undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_starts_a_claim_logged_while_it_ran() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        rate: Some(queue_core::RateLimit::new(14, Duration::from_secs(60)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    assert_over(claim_ahead_after_a_locked_claim(&db, limits, 12, None).await);
+    assert_eq!(in_flight(&db).await, 12);
+    db.drop_db().await;
+}
+
+/// A claim ahead claims nothing when the room is not ample for four batches like its own (it
+/// says `binding`) or the queue has limits per partition (it says `partitioned`); the queue
+/// handle then claims under the lock, within the limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    let sql = || queue_postgres::testing::claim_ahead_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    for (max_in_flight, max_per_partition, batch, expected) in [
+        (Some(11), None, 3, (0, vec!["binding".to_owned()])),
+        (Some(12), None, 3, (3, vec![])),
+        (None, Some(5), 1, (0, vec!["partitioned".to_owned()])),
+    ] {
+        let limits = QueueLimits {
+            max_in_flight,
+            max_per_partition,
+            ..QueueLimits::NONE
+        };
+        queue.set_limits(limits).await.unwrap();
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        assert_eq!(
+            raw_claim(&mut tx, sql(), batch, "ahead").await.unwrap(),
+            expected
+        );
+        tx.rollback().await.unwrap();
+    }
+    let limits = QueueLimits {
+        max_in_flight: Some(4),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    assert_eq!(queue.claim(req(3)).await.unwrap().jobs.len(), 3);
+    assert_eq!(queue.claim(req(3)).await.unwrap().jobs.len(), 1);
+    assert_eq!(in_flight(&db).await, 4);
     db.drop_db().await;
 }

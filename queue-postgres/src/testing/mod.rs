@@ -202,6 +202,12 @@ pub fn claim_limited_sql(table: &TableName) -> String {
     crate::sql::claim_limited(table).expect("the limited claim renders for any table")
 }
 
+/// The claim of a queue with queue-wide limits while they leave ample room, rendered for
+/// `table`: parameters as [`claim_sql`]'s; commit it only when it returns no marker row.
+pub fn claim_ahead_sql(table: &TableName) -> String {
+    crate::sql::claim_ahead(table).expect("the claim ahead renders for any table")
+}
+
 /// The claim of a queue whose partitions take turns, rendered for `table`, for tests that read
 /// its plan: parameters as [`claim_sql`]'s.
 pub fn claim_turns_sql(table: &TableName) -> String {

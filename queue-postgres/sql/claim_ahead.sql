@@ -1,0 +1,110 @@
+-- The claim: recovery folded in, by the database's clock only.
+-- This form claims from a queue whose limits are queue-wide only (max_in_flight, the rate)
+-- while they leave ample room, without waiting for the queue's row first (its first line is
+-- claim.sql's, so that a drain finds it running).
+--
+-- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for).
+--
+-- Why: claim_limited.sql holds the queue's row lock for its whole pick and write, so the
+-- claims of several workers take turns even when the limits are far from binding. This form
+-- reads the row unlocked (seen, its snapshot's version) and claims while the room it shows
+-- leaves space for {{margin}} claims of the batch asked for (ahead.ample), in parallel with the
+-- other claims, as claim.sql does; only its last write takes the row's lock, to check the
+-- limits and count the claim (logged). When the room is not ample, or the queue has limits
+-- per partition, it claims nothing and returns a row marked 'binding' or 'partitioned':
+-- claim with claim_limited.sql then.
+--
+-- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight and the rate. The check
+-- runs on the row as the last claim to hold it committed it (an UPDATE reads the newest
+-- version of a row it waited for). The queue's jobs in flight are at most the snapshot's
+-- in-flight rows, plus the jobs the claims that committed since put in flight (the row's
+-- counted_jobs since the snapshot's; table migration 20261210000001), plus this claim's new
+-- jobs; the claims that committed since each counted theirs when the row's claims counter
+-- moved as far as counted_claims (a claim of a release without those columns moves claims
+-- alone: then the check fails). The rate counts the row's log of starts at the moment of the
+-- check (clock_timestamp, under the lock). Every claim of the queue checks under the row's
+-- lock, so no two pass the check on the same room.
+--
+-- A claim that fails the check, or whose row shows limits per partition set since, must not
+-- commit, and a statement cannot undo its own writes; an error can: the statement then fails
+-- with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
+-- job count so that the planner cannot fold it into a constant and raise it while planning).
+-- Nothing it wrote stays; the caller claims again under the lock. It is rare: the claims that
+-- committed while this one ran must have used up the margin.
+WITH seen AS MATERIALIZED (
+    SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
+           c.counted_claims, c.counted_jobs,
+           (c.max_per_partition IS NOT NULL
+            OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL))
+               AS partitioned
+    FROM "{{table}}_queues" AS c
+    WHERE c.queue = $1
+),
+ahead AS MATERIALIZED (
+    SELECT s.partitioned,
+           NOT s.partitioned
+           AND (s.max_in_flight IS NULL OR s.max_in_flight - n.in_flight >= {{margin}} * $2::bigint)
+           AND (s.rate_starts IS NULL OR s.rate_per_ms IS NULL
+                OR s.rate_starts - (
+                       SELECT COALESCE(sum((e ->> 1)::bigint), 0)
+                       FROM jsonb_array_elements(s.rate_log) AS e
+                       WHERE (e ->> 0)::float8
+                             > extract(epoch FROM clock_timestamp())::float8 * 1000
+                               - s.rate_per_ms) >= {{margin}} * $2::bigint) AS ample,
+           n.in_flight
+    FROM seen AS s
+    CROSS JOIN LATERAL (
+        -- Without max_in_flight, no count (a CASE runs its subquery only when it is read).
+        SELECT CASE WHEN s.max_in_flight IS NOT NULL THEN (
+                   SELECT count(*) FROM "{{table}}" AS j
+                   WHERE j.queue = $1 AND j.status = 'in_flight') END AS in_flight
+    ) AS n
+),
+take AS MATERIALIZED (
+    SELECT CASE WHEN COALESCE((SELECT ample FROM ahead), false) THEN $2::bigint ELSE 0 END AS jobs
+),
+due AS MATERIALIZED (
+{{claim_due}}
+),
+{{claim_picks}},
+logged AS (
+    UPDATE "{{table}}_queues" AS c
+    SET claims = c.claims + 1,
+        counted_claims = c.counted_claims + 1,
+        counted_jobs = c.counted_jobs + n.new_jobs,
+        rate_log = CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb
+            ELSE COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
+                           WHERE (e ->> 0)::float8 > t.now_ms - c.rate_per_ms), '[]')
+                 || jsonb_build_array(jsonb_build_array(t.now_ms, n.all_jobs))
+        END
+    FROM seen AS s,
+         ahead AS a,
+         (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
+          FROM claimed) AS n,
+         (SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS now_ms) AS t
+    WHERE c.queue = $1
+      AND n.all_jobs > 0
+      AND c.claims - s.claims = c.counted_claims - s.counted_claims
+      AND c.max_per_partition IS NULL
+      AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL)
+      AND (c.max_in_flight IS NULL
+           OR a.in_flight + (c.counted_jobs - s.counted_jobs) + n.new_jobs <= c.max_in_flight)
+      AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL
+           OR (SELECT COALESCE(sum((e ->> 1)::bigint), 0)
+               FROM jsonb_array_elements(c.rate_log) AS e
+               WHERE (e ->> 0)::float8 > t.now_ms - c.rate_per_ms) + n.all_jobs <= c.rate_starts)
+    RETURNING c.queue
+)
+SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
+       payload, taken_over, over_reclaim_cap, cancel_requested, NULL AS marker
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN COALESCE((SELECT partitioned FROM ahead), false) THEN 'partitioned'
+            ELSE 'binding' END
+WHERE (SELECT jobs FROM take) = 0
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ('{{over}} with ' || (SELECT count(*) FROM claimed) || ' jobs')::bigint::text
+WHERE EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM logged)
+ORDER BY due_at, priority, id
