@@ -720,9 +720,32 @@ pub(crate) struct LimitedClaim {
     /// partitions' logs, and this claim counts per partition: it claimed nothing; run
     /// [`fold_starts`] after [`lock_queue`], then claim again in that transaction.
     pub(crate) fold: bool,
-    /// The lean form met a queue with limits per partition: it claimed nothing; claim with
-    /// the full form.
+    /// The lean form or `claim_ahead.sql` met a queue with limits per partition: it claimed
+    /// nothing; claim with the full form.
     pub(crate) partitioned: bool,
+    /// `claim_ahead.sql` found the room not ample: it claimed nothing; claim under the lock.
+    pub(crate) binding: bool,
+    /// `claim_ahead.sql`'s jobs would have put the queue over a limit: it failed, and nothing
+    /// it wrote stays.
+    pub(crate) over: bool,
+}
+
+impl LimitedClaim {
+    /// The claimed jobs and the markers among a limited claim's rows.
+    fn read<D: Driver>(rows: &[D::Row]) -> Result<Self, PgError> {
+        let mut claim = LimitedClaim::default();
+        for row in rows {
+            match get::<D, Option<String>>(row, "marker")?.as_deref() {
+                None => claim.jobs.push(claimed_job::<D>(row)?),
+                Some("stale") => claim.stale = true,
+                Some("fold") => claim.fold = true,
+                Some("partitioned") => claim.partitioned = true,
+                Some("binding") => claim.binding = true,
+                Some(_) => claim.turns = true,
+            }
+        }
+        Ok(claim)
+    }
 }
 
 /// `claim_limited.sql` (either form) or `claim_turns.sql`.
@@ -741,30 +764,7 @@ pub(crate) async fn claim_limited<D: Driver>(
         LimitedForm::Turns => &sql.claim_turns,
     };
     let rows = D::query(conn, statement, &params).await?;
-    let mut claim = LimitedClaim::default();
-    for row in &rows {
-        match get::<D, Option<String>>(row, "marker")?.as_deref() {
-            None => claim.jobs.push(claimed_job::<D>(row)?),
-            Some("stale") => claim.stale = true,
-            Some("fold") => claim.fold = true,
-            Some("partitioned") => claim.partitioned = true,
-            Some(_) => claim.turns = true,
-        }
-    }
-    Ok(claim)
-}
-
-/// What `claim_ahead.sql` did.
-#[derive(Debug, Default)]
-pub(crate) struct AheadClaim {
-    pub(crate) jobs: Vec<ClaimedJob>,
-    /// Its jobs would have put the queue over a limit: it failed, and nothing it wrote stays.
-    pub(crate) over: bool,
-    /// The room was not ample: it claimed nothing; claim with `claim_limited.sql`.
-    pub(crate) binding: bool,
-    /// The queue has limits per partition: it claimed nothing; claim with the full form of
-    /// `claim_limited.sql`.
-    pub(crate) partitioned: bool,
+    LimitedClaim::read::<D>(&rows)
 }
 
 /// `claim_ahead.sql`, a transaction of its own (`conn` in none).
@@ -773,28 +773,17 @@ pub(crate) async fn claim_ahead<D: Driver>(
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-) -> Result<AheadClaim, PgError> {
+) -> Result<LimitedClaim, PgError> {
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
-    let rows = match D::query(conn, &sql.claim_ahead, &params).await {
-        Ok(rows) => rows,
-        Err(err) if is_ahead_over(&err) => {
-            return Ok(AheadClaim {
-                over: true,
-                ..AheadClaim::default()
-            });
-        }
-        Err(err) => return Err(err),
-    };
-    let mut claim = AheadClaim::default();
-    for row in &rows {
-        match get::<D, Option<String>>(row, "marker")?.as_deref() {
-            None => claim.jobs.push(claimed_job::<D>(row)?),
-            Some("partitioned") => claim.partitioned = true,
-            Some(_) => claim.binding = true,
-        }
+    match D::query(conn, &sql.claim_ahead, &params).await {
+        Ok(rows) => LimitedClaim::read::<D>(&rows),
+        Err(err) if is_ahead_over(&err) => Ok(LimitedClaim {
+            over: true,
+            ..LimitedClaim::default()
+        }),
+        Err(err) => Err(err),
     }
-    Ok(claim)
 }
 
 /// Whether `err` is `claim_ahead.sql`'s own refusal of a claim over the queue's limits.
