@@ -3,12 +3,15 @@
 -- while they leave ample room, without waiting for the queue's row first (its first line is
 -- claim.sql's, so that a drain finds it running).
 --
--- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for).
+-- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for); $8 the margin, how
+-- many claims of that batch the room must leave space for (the queue handle widens it while
+-- claims ahead fail: the claims committing while one runs use it up, and they are the more
+-- the more workers claim).
 --
 -- Why: claim_limited.sql holds the queue's row lock for its whole pick and write, so the
 -- claims of several workers take turns even when the limits are far from binding. This form
 -- reads the row unlocked (seen, its snapshot's version) and claims while the room it shows
--- leaves space for {{margin}} claims of the batch asked for (ahead.ample), in parallel with the
+-- leaves space for $8 claims of the batch asked for (ahead.ample), in parallel with the
 -- other claims, as claim.sql does; only its last write takes the row's lock, to check the
 -- limits and count the claim (logged). When the room is not ample, or the queue has limits
 -- per partition, it claims nothing and returns a row marked 'binding' or 'partitioned':
@@ -21,9 +24,15 @@
 -- counted_jobs since the snapshot's; table migration 20261210000001), plus this claim's new
 -- jobs; the claims that committed since each counted theirs when the row's claims counter
 -- moved as far as counted_claims (a claim of a release without those columns moves claims
--- alone: then the check fails). The rate counts the row's log of starts at the moment of the
--- check (clock_timestamp, under the lock). Every claim of the queue checks under the row's
--- lock, so no two pass the check on the same room.
+-- alone: then the check fails; so does a change of the limits, set_limits.sql). The rate
+-- counts the row's log of starts at the moment of the check, and logs the claim at it
+-- (clock_timestamp read in the update's WHERE and SET, which run again on the newest version
+-- once the lock is held: a value read in its FROM would be the instant it began to wait).
+-- Every claim of the queue checks under the row's lock, so no two pass the check on the same
+-- room. The claim's own rows are written before the check: their claimed_at, and the lease
+-- counted from it, is the statement's start (now()), earlier than the instant the rate counts
+-- the claim by, by the statement's run and its wait for the lock (a row is written once per
+-- statement).
 --
 -- A claim that fails the check, or whose row shows limits per partition set since, must not
 -- commit, and a statement cannot undo its own writes; an error can: the statement then fails
@@ -43,14 +52,14 @@ WITH seen AS MATERIALIZED (
 ahead AS MATERIALIZED (
     SELECT s.partitioned,
            NOT s.partitioned
-           AND (s.max_in_flight IS NULL OR s.max_in_flight - n.in_flight >= {{margin}} * $2::bigint)
+           AND (s.max_in_flight IS NULL OR s.max_in_flight - n.in_flight >= $8::bigint * $2::bigint)
            AND (s.rate_starts IS NULL OR s.rate_per_ms IS NULL
                 OR s.rate_starts - (
                        SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                        FROM jsonb_array_elements(s.rate_log) AS e
                        WHERE (e ->> 0)::float8
                              > extract(epoch FROM clock_timestamp())::float8 * 1000
-                               - s.rate_per_ms) >= {{margin}} * $2::bigint) AS ample,
+                               - s.rate_per_ms) >= $8::bigint * $2::bigint) AS ample,
            n.in_flight
     FROM seen AS s
     CROSS JOIN LATERAL (
@@ -74,14 +83,16 @@ logged AS (
         counted_jobs = c.counted_jobs + n.new_jobs,
         rate_log = CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb
             ELSE COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
-                           WHERE (e ->> 0)::float8 > t.now_ms - c.rate_per_ms), '[]')
-                 || jsonb_build_array(jsonb_build_array(t.now_ms, n.all_jobs))
+                           WHERE (e ->> 0)::float8
+                                 > extract(epoch FROM clock_timestamp())::float8 * 1000
+                                   - c.rate_per_ms), '[]')
+                 || jsonb_build_array(jsonb_build_array(
+                        extract(epoch FROM clock_timestamp())::float8 * 1000, n.all_jobs))
         END
     FROM seen AS s,
          ahead AS a,
          (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
-          FROM claimed) AS n,
-         (SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS now_ms) AS t
+          FROM claimed) AS n
     WHERE c.queue = $1
       AND n.all_jobs > 0
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
@@ -92,7 +103,9 @@ logged AS (
       AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL
            OR (SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                FROM jsonb_array_elements(c.rate_log) AS e
-               WHERE (e ->> 0)::float8 > t.now_ms - c.rate_per_ms) + n.all_jobs <= c.rate_starts)
+               WHERE (e ->> 0)::float8
+                     > extract(epoch FROM clock_timestamp())::float8 * 1000 - c.rate_per_ms)
+               + n.all_jobs <= c.rate_starts)
     RETURNING c.queue
 )
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,

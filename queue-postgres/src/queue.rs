@@ -52,9 +52,8 @@ struct Inner<D: Driver> {
     wake: Arc<Notify>,
     /// Whether the queue had limits when this handle last looked, and when that was.
     limits_seen: std::sync::Mutex<LimitsSeen>,
-    /// When a claim last found its queue-wide limits near binding (`claim_ahead.sql` said so,
-    /// or was over them): claims take the row's lock first until [`AHEAD_PAUSE`] has passed.
-    near_limit_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// How this handle's claims ahead of the queue's row lock (`claim_ahead.sql`) fared.
+    ahead: std::sync::Mutex<AheadState>,
     _listener: Option<ListenerGuard>,
 }
 
@@ -72,8 +71,64 @@ enum Ahead {
 
 /// How long a handle whose claim found its queue near a limit claims under the queue's row
 /// lock before it tries `claim_ahead.sql` again: near the limit that try mostly comes back
-/// empty-handed, a transaction and a count for nothing.
+/// empty-handed, a statement and a count for nothing.
 const AHEAD_PAUSE: Duration = Duration::from_millis(250);
+
+/// Claims ahead that must fit before the margin narrows by one claim again.
+const AHEAD_MARGIN_EASE: u32 = 16;
+
+/// How a handle's claims ahead fared: when one last found its queue near a limit (it then
+/// claims under the lock until [`AHEAD_PAUSE`] has passed), and the margin they ask for. A
+/// claim ahead that fails has met more claims committing while it ran than its margin left
+/// room for (more workers claim than the margin assumed): the margin doubles, up to
+/// [`sql::AHEAD_MARGIN_MOST`], and narrows by one claim for every [`AHEAD_MARGIN_EASE`] claims
+/// ahead that fit, down to [`sql::AHEAD_MARGIN_LEAST`]. Failures stay rare whatever the number
+/// of workers, and the margin stays no wider than they need.
+#[derive(Debug)]
+struct AheadState {
+    near_limit_at: Option<std::time::Instant>,
+    margin: u32,
+    fits: u32,
+}
+
+impl Default for AheadState {
+    fn default() -> Self {
+        AheadState {
+            near_limit_at: None,
+            margin: sql::AHEAD_MARGIN_LEAST,
+            fits: 0,
+        }
+    }
+}
+
+impl AheadState {
+    /// The margin of the next claim ahead, or `None` while it should claim under the lock.
+    fn margin(&self, now: std::time::Instant) -> Option<u32> {
+        match self.near_limit_at {
+            Some(at) if now.duration_since(at) < AHEAD_PAUSE => None,
+            _ => Some(self.margin),
+        }
+    }
+
+    fn came_to(&mut self, ahead: &Ahead, now: std::time::Instant) {
+        match ahead {
+            Ahead::Claimed(_) => {
+                self.fits += 1;
+                if self.fits >= AHEAD_MARGIN_EASE {
+                    self.fits = 0;
+                    self.margin = (self.margin - 1).max(sql::AHEAD_MARGIN_LEAST);
+                }
+            }
+            Ahead::Over => {
+                self.near_limit_at = Some(now);
+                self.fits = 0;
+                self.margin = (self.margin * 2).min(sql::AHEAD_MARGIN_MOST);
+            }
+            Ahead::Binding => self.near_limit_at = Some(now),
+            Ahead::Partitioned => {}
+        }
+    }
+}
 
 /// How long a handle trusts what it last read of its queue's limits. Claims of a queue with
 /// limits take the locked path (`lock_queue.sql`, `claim_limited.sql`); a handle that has not
@@ -139,7 +194,7 @@ impl<D: Driver> PostgresQueue<D> {
                 channel,
                 wake,
                 limits_seen: Default::default(),
-                near_limit_at: Default::default(),
+                ahead: Default::default(),
                 _listener: listener,
             }),
         })
@@ -349,38 +404,36 @@ impl<D: Driver> PostgresQueue<D> {
             .partitioned = true;
     }
 
-    /// Whether the next limited claim of a queue without limits per partition tries
-    /// `claim_ahead.sql` first: not for [`AHEAD_PAUSE`] after one found the queue near a limit.
-    fn ahead_worth_trying(&self) -> bool {
-        let near = self.inner.near_limit_at.lock().expect("near-limit lock");
-        near.is_none_or(|at| at.elapsed() >= AHEAD_PAUSE)
-    }
-
-    fn saw_near_limit(&self) {
-        *self.inner.near_limit_at.lock().expect("near-limit lock") =
-            Some(std::time::Instant::now());
-    }
-
     /// The claim of a queue whose limits are queue-wide only, while they leave ample room
-    /// (`claim_ahead.sql`, which fails, undone, when its jobs would pass the limits).
-    async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Ahead, PgError> {
+    /// (`claim_ahead.sql`, which fails, undone, when its jobs would pass the limits); `None`
+    /// while the handle claims under the lock ([`AheadState`]).
+    async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Option<Ahead>, PgError> {
         let inner = &self.inner;
+        let now = std::time::Instant::now;
+        let Some(margin) = inner.ahead.lock().expect("ahead lock").margin(now()) else {
+            return Ok(None);
+        };
         let mut conn = D::acquire(&inner.pool).await?;
         let queue = &inner.config.queue;
         let claim =
-            statement::claim_ahead::<D>(D::pooled(&mut conn), &inner.sql, queue, request).await?;
-        Ok(if claim.partitioned {
+            statement::claim_ahead::<D>(D::pooled(&mut conn), &inner.sql, queue, request, margin)
+                .await?;
+        let ahead = if claim.partitioned {
             self.saw_partitions();
             Ahead::Partitioned
         } else if claim.over {
-            self.saw_near_limit();
             Ahead::Over
         } else if claim.binding {
-            self.saw_near_limit();
             Ahead::Binding
         } else {
             Ahead::Claimed(ClaimBatch { jobs: claim.jobs })
-        })
+        };
+        inner
+            .ahead
+            .lock()
+            .expect("ahead lock")
+            .came_to(&ahead, now());
+        Ok(Some(ahead))
     }
 
     /// A claim of a queue with limits: one statement that takes the queue's row lock and
@@ -397,14 +450,14 @@ impl<D: Driver> PostgresQueue<D> {
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
         let mut contended = false;
-        if form == LimitedForm::Lean && self.ahead_worth_trying() {
+        if form == LimitedForm::Lean {
             match self.claim_ahead(request).await? {
-                Ahead::Claimed(batch) => return Ok(batch),
-                Ahead::Partitioned => form = LimitedForm::Pick,
-                Ahead::Binding => {}
+                Some(Ahead::Claimed(batch)) => return Ok(batch),
+                Some(Ahead::Partitioned) => form = LimitedForm::Pick,
+                Some(Ahead::Binding) | None => {}
                 // Claims committed while it ran: a statement alone would most likely find
                 // its snapshot stale too.
-                Ahead::Over => contended = true,
+                Some(Ahead::Over) => contended = true,
             }
         }
         let fold = if contended {
@@ -956,7 +1009,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 channel: inner.channel.clone(),
                 wake: Arc::new(Notify::new()),
                 limits_seen: Default::default(),
-                near_limit_at: Default::default(),
+                ahead: Default::default(),
                 _listener: None,
             }),
         }
@@ -1011,5 +1064,55 @@ impl<D: Driver> PostgresQueue<D> {
         D::commit(tx).await?;
         queue_core::events::queue_paused(&inner.config.queue, paused);
         Ok(control)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed claim ahead doubles the margin and sends the claims under the lock for a
+    /// while; claims ahead that fit narrow it by one for every [`AHEAD_MARGIN_EASE`], never
+    /// below the least nor above the most; a queue found near a limit pauses them, margin
+    /// kept.
+    #[test]
+    fn the_claims_ahead_widen_their_margin_when_one_fails_and_narrow_it_slowly() {
+        let start = std::time::Instant::now();
+        let claimed = || Ahead::Claimed(ClaimBatch { jobs: Vec::new() });
+        let mut state = AheadState::default();
+        assert_eq!(state.margin(start), Some(sql::AHEAD_MARGIN_LEAST));
+        state.came_to(&claimed(), start);
+        state.came_to(&Ahead::Over, start);
+        assert_eq!(state.margin(start), None, "under the lock for a while");
+        let later = start + AHEAD_PAUSE;
+        assert_eq!(state.margin(later), Some(8));
+        for _ in 0..AHEAD_MARGIN_EASE - 1 {
+            state.came_to(&claimed(), later);
+        }
+        assert_eq!(
+            state.margin(later),
+            Some(8),
+            "the failure reset the count of fits"
+        );
+        state.came_to(&claimed(), later);
+        assert_eq!(state.margin(later), Some(7));
+        for _ in 0..10 {
+            state.came_to(&Ahead::Over, later);
+        }
+        let latest = later + AHEAD_PAUSE;
+        assert_eq!(state.margin(latest), Some(sql::AHEAD_MARGIN_MOST));
+        state.came_to(&Ahead::Binding, latest);
+        assert_eq!(state.margin(latest), None);
+        assert_eq!(
+            state.margin(latest + AHEAD_PAUSE),
+            Some(sql::AHEAD_MARGIN_MOST)
+        );
+        for _ in 0..AHEAD_MARGIN_EASE * sql::AHEAD_MARGIN_MOST {
+            state.came_to(&claimed(), latest);
+        }
+        assert_eq!(
+            state.margin(latest + AHEAD_PAUSE),
+            Some(sql::AHEAD_MARGIN_LEAST)
+        );
     }
 }

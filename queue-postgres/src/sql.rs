@@ -521,12 +521,16 @@ pub(crate) fn claim_limited_lean(table: &TableName) -> Result<String, PgError> {
     )
 }
 
-/// How many claims of the batch asked for the room of a queue-wide limit must leave space for
-/// before `claim_ahead.sql` claims without waiting for the queue's row. Claims that commit
-/// while one runs use up its margin; past it, the claim is rolled back and runs again under
-/// the row's lock (its pick and write wasted), so the margin keeps those rare far from the
-/// limit, while near it every claim takes the lock, as `claim_limited.sql` does.
-pub(crate) const AHEAD_MARGIN: u32 = 4;
+/// The least margin of `claim_ahead.sql` (`$8`): how many claims of the batch asked for the
+/// room of a queue-wide limit must leave space for before a claim goes ahead of the queue's
+/// row lock. Claims that commit while one runs use up its margin; past it, the claim fails and
+/// runs again under the lock (its pick and write wasted), so the margin keeps those rare far
+/// from the limit, while near it every claim takes the lock, as `claim_limited.sql` does. A
+/// queue handle widens it while its claims ahead fail (more workers claiming).
+pub(crate) const AHEAD_MARGIN_LEAST: u32 = 4;
+
+/// The widest margin a queue handle lets its claims ahead ask for.
+pub(crate) const AHEAD_MARGIN_MOST: u32 = 256;
 
 /// The text of the error `claim_ahead.sql` fails with when its jobs would put the queue over
 /// a limit (SQLSTATE 22P02, the text cast to a number): the whole claim is undone.
@@ -545,14 +549,12 @@ const AHEAD_PICKS: Picks<'static> = Picks {
 /// leave ample room, which checks them only at its end (under the queue's row lock).
 pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &AHEAD_PICKS, None)?;
-    let margin = AHEAD_MARGIN.to_string();
     for_table_with(
         CLAIM_AHEAD,
         table,
         &[
             ("claim_due", &due),
             ("claim_picks", &picks),
-            ("margin", &margin),
             ("over", AHEAD_OVER),
         ],
     )

@@ -767,15 +767,16 @@ pub(crate) async fn claim_limited<D: Driver>(
     LimitedClaim::read::<D>(&rows)
 }
 
-/// `claim_ahead.sql`, a transaction of its own (`conn` in none).
+/// `claim_ahead.sql` with its margin (`$8`), a transaction of its own (`conn` in none).
 pub(crate) async fn claim_ahead<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
+    margin: u32,
 ) -> Result<LimitedClaim, PgError> {
     let none = Vec::new();
-    let params = claim_params(queue, request, &none);
+    let params = Chain(claim_params(queue, request, &none), (i64::from(margin),));
     match D::query(conn, &sql.claim_ahead, &params).await {
         Ok(rows) => LimitedClaim::read::<D>(&rows),
         Err(err) if is_ahead_over(&err) => Ok(LimitedClaim {

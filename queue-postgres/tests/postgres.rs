@@ -3213,23 +3213,27 @@ async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
 }
 
 /// Runs `sql` (a claim statement rendered for the default table) for `batch` jobs of the
-/// default queue in `conn`: how many jobs it returned, and its markers (`over`, `binding`, …).
+/// default queue in `conn`, with `margin` as `$8` when given (`claim_ahead.sql`'s): how many
+/// jobs it returned, and its markers (`binding`, `partitioned`, …).
 async fn raw_claim(
     conn: &mut sqlx::PgConnection,
     sql: String,
     batch: i64,
     holder: &str,
+    margin: Option<i64>,
 ) -> Result<(usize, Vec<String>), sqlx::Error> {
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind("default")
         .bind(batch)
         .bind(90.0_f64)
         .bind(5_i32)
         .bind(holder)
         .bind(42_i64)
-        .bind(Vec::<i64>::new())
-        .fetch_all(conn)
-        .await?;
+        .bind(Vec::<i64>::new());
+    if let Some(margin) = margin {
+        query = query.bind(margin);
+    }
+    let rows = query.fetch_all(conn).await?;
     let markers: Vec<String> = rows
         .iter()
         .filter_map(|row| row.get::<Option<String>, _>("marker"))
@@ -3279,7 +3283,9 @@ async fn claim_ahead_after_a_locked_claim(
     let table = TableName::default();
     let mut holder = db.pool.begin().await.unwrap();
     let locked = queue_postgres::testing::claim_limited_sql(&table);
-    let first = raw_claim(&mut holder, locked, held, "first").await.unwrap();
+    let first = raw_claim(&mut holder, locked, held, "first", None)
+        .await
+        .unwrap();
     assert_eq!(first, (held as usize, vec![]));
     if let Some(sql) = meanwhile {
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
@@ -3288,7 +3294,7 @@ async fn claim_ahead_after_a_locked_claim(
     let ahead = tokio::spawn(async move {
         let mut conn = pool.acquire().await.unwrap();
         let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
-        raw_claim(&mut conn, sql, 3, "ahead").await
+        raw_claim(&mut conn, sql, 3, "ahead", Some(4)).await
     });
     wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
@@ -3333,7 +3339,9 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
     queue.set_limits(limits).await.unwrap();
     let mut holder = db.pool.begin().await.unwrap();
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let first = raw_claim(&mut holder, locked, 11, "first").await.unwrap();
+    let first = raw_claim(&mut holder, locked, 11, "first", None)
+        .await
+        .unwrap();
     assert_eq!(first, (11, vec![]));
     let claiming = {
         let queue = queue.clone();
@@ -3356,6 +3364,109 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
     holder.commit().await.unwrap();
     assert_eq!(claiming.await.unwrap(), 2);
     assert_eq!(in_flight(&db).await, 13);
+    db.drop_db().await;
+}
+
+/// A claim ahead whose statement spans changes of the queue's limits: it took its snapshot
+/// under a limit of twelve, and while it wrote its jobs the limits were removed, another handle
+/// claimed ten without them (`claim.sql`, which counts nothing on the row), and the limit was
+/// set again. The changes moved the row's claims counter, so the claim fails its check instead
+/// of counting on a snapshot that missed those ten (its three would make thirteen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    let twelve = QueueLimits {
+        max_in_flight: Some(12),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(twelve).await.unwrap();
+    // The claim ahead (claimed_by 'slow') writes each of its rows slowly.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$;
+         CREATE TRIGGER slow_row BEFORE UPDATE ON queue_jobs
+             FOR EACH ROW WHEN (NEW.claimed_by = 'slow') EXECUTE FUNCTION slow_row();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let pool = db.pool.clone();
+    let ahead = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+        raw_claim(&mut conn, sql, 3, "slow", Some(4)).await
+    });
+    wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
+    queue.set_limits(QueueLimits::NONE).await.unwrap();
+    let other = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    assert_eq!(other.claim(req(10)).await.unwrap().jobs.len(), 10);
+    queue.set_limits(twelve).await.unwrap();
+    assert_over(ahead.await.unwrap());
+    assert_eq!(in_flight(&db).await, 10);
+    db.drop_db().await;
+}
+
+/// A claim ahead under a rate counts and logs its starts by the clock once it holds the
+/// queue's row, not when it began to wait for it: while it waits, a claim under the lock takes
+/// two jobs and logs them; the claim ahead's entry in the rate's log comes after that one (a
+/// claim that counted by the instant it began to wait would count a window that the claims
+/// meanwhile may have pruned, and log itself out of order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    let limits = QueueLimits {
+        rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let ahead = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+        raw_claim(&mut conn, sql, 3, "ahead", Some(4)).await
+    });
+    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let held = raw_claim(&mut holder, locked, 2, "first", None)
+        .await
+        .unwrap();
+    assert_eq!(held, (2, vec![]));
+    holder.commit().await.unwrap();
+    assert_eq!(ahead.await.unwrap().unwrap(), (3, vec![]));
+    let log: Value =
+        sqlx::query_scalar("SELECT rate_log FROM queue_jobs_queues WHERE queue = 'default'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let entries: Vec<(f64, i64)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e[0].as_f64().unwrap(), e[1].as_i64().unwrap()))
+        .collect();
+    assert_eq!(entries.len(), 2, "{log}");
+    assert_eq!((entries[0].1, entries[1].1), (2, 3), "{log}");
+    assert!(
+        entries[1].0 >= entries[0].0,
+        "the claim ahead was logged before the claim it waited for: {log}"
+    );
     db.drop_db().await;
 }
 
@@ -3432,7 +3543,9 @@ async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock(
         queue.set_limits(limits).await.unwrap();
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
         assert_eq!(
-            raw_claim(&mut tx, sql(), batch, "ahead").await.unwrap(),
+            raw_claim(&mut tx, sql(), batch, "ahead", Some(4))
+                .await
+                .unwrap(),
             expected
         );
         tx.rollback().await.unwrap();
