@@ -27,7 +27,10 @@
 -- alone: then the check fails; so does a change of the limits, set_limits.sql). The rate
 -- counts the row's log of starts at the moment of the check, and logs the claim at it
 -- (clock_timestamp read in the update's WHERE and SET, which run again on the newest version
--- once the lock is held: a value read in its FROM would be the instant it began to wait).
+-- when a claim updated the row while this one waited for it: a value read in its FROM would be
+-- the instant it began to wait, and miss entries that claim pruned. When the row was only
+-- locked meanwhile, they are not run again and the instant is the one the wait began at: the
+-- log did not change meanwhile, so the count is the same, and its entries only expire).
 -- Every claim of the queue checks under the row's lock, so no two pass the check on the same
 -- room. The claim's own rows are written before the check: their claimed_at, and the lease
 -- counted from it, is the statement's start (now()), earlier than the instant the rate counts

@@ -12,9 +12,9 @@
 -- a change of its starts keeps the tally, and a change of its window makes the next claim start
 -- it again. Runs in the transaction of lock_queue.sql, after it, so that its snapshot sees
 -- every claim that held the queue's row before (the logs it deletes include theirs). A change
--- moves the claims counter (not counted_claims): a claim ahead (claim_ahead.sql) whose snapshot
--- predates it then fails its check, since claims made while the queue had other limits, or
--- none, may not have counted their jobs on the row.
+-- moves the claims counter (not counted_claims; limits set as they were move nothing): a claim
+-- ahead (claim_ahead.sql) whose snapshot predates it then fails its check, since claims made
+-- while the queue had other limits, or none, may not have counted their jobs on the row.
 WITH forgotten AS (
     DELETE FROM "{{table}}_starts"
     WHERE queue = $1 AND ($6::integer IS NULL OR $7::bigint IS NULL)
@@ -38,7 +38,14 @@ SELECT $1, $2, $3, $4, $5, $6, $7,
 FROM (SELECT floor(extract(epoch FROM clock_timestamp())::float8 * 1000
                    / $7::bigint)::bigint AS bucket) AS w
 ON CONFLICT (queue) DO UPDATE
-SET claims = c.claims + 1,
+SET claims = c.claims
+             + CASE WHEN (c.max_in_flight, c.rate_starts, c.rate_per_ms, c.max_per_partition,
+                          c.partition_rate_starts, c.partition_rate_per_ms)
+                         IS DISTINCT FROM
+                         (EXCLUDED.max_in_flight, EXCLUDED.rate_starts, EXCLUDED.rate_per_ms,
+                          EXCLUDED.max_per_partition, EXCLUDED.partition_rate_starts,
+                          EXCLUDED.partition_rate_per_ms)
+                    THEN 1 ELSE 0 END,
     max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,
     rate_per_ms = EXCLUDED.rate_per_ms,

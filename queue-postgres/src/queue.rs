@@ -77,16 +77,20 @@ const AHEAD_PAUSE: Duration = Duration::from_millis(250);
 /// Claims ahead that must fit before the margin narrows by one claim again.
 const AHEAD_MARGIN_EASE: u32 = 16;
 
-/// How a handle's claims ahead fared: when one last found its queue near a limit (it then
-/// claims under the lock until [`AHEAD_PAUSE`] has passed), and the margin they ask for. A
-/// claim ahead that fails has met more claims committing while it ran than its margin left
-/// room for (more workers claim than the margin assumed): the margin doubles, up to
-/// [`sql::AHEAD_MARGIN_MOST`], and narrows by one claim for every [`AHEAD_MARGIN_EASE`] claims
-/// ahead that fit, down to [`sql::AHEAD_MARGIN_LEAST`]. Failures stay rare whatever the number
-/// of workers, and the margin stays no wider than they need.
+/// How a handle's claims ahead fared: when one last found its queue near a limit or failed
+/// (it then claims under the lock until [`AHEAD_PAUSE`] has passed), and the margin they ask
+/// for. A claim ahead that fails has met more claims committing while it ran than its margin
+/// left room for (more workers claim than the margin assumed): the margin doubles, up to
+/// [`sql::AHEAD_MARGIN_MOST`] (once per pause: claims that failed together count once). It
+/// narrows by one claim for every [`AHEAD_MARGIN_EASE`] claims ahead that took jobs and fit,
+/// and by half when the queue's room is short of it ('binding': a margin wider than the room
+/// the queue usually has would keep every claim under the lock), down to
+/// [`sql::AHEAD_MARGIN_LEAST`]. Failures stay rare whatever the number of workers, and the
+/// margin no wider than they need.
 #[derive(Debug)]
 struct AheadState {
     near_limit_at: Option<std::time::Instant>,
+    widened_at: Option<std::time::Instant>,
     margin: u32,
     fits: u32,
 }
@@ -95,6 +99,7 @@ impl Default for AheadState {
     fn default() -> Self {
         AheadState {
             near_limit_at: None,
+            widened_at: None,
             margin: sql::AHEAD_MARGIN_LEAST,
             fits: 0,
         }
@@ -112,6 +117,8 @@ impl AheadState {
 
     fn came_to(&mut self, ahead: &Ahead, now: std::time::Instant) {
         match ahead {
+            // A claim that found nothing due says nothing of the claims around it.
+            Ahead::Claimed(batch) if batch.jobs.is_empty() => {}
             Ahead::Claimed(_) => {
                 self.fits += 1;
                 if self.fits >= AHEAD_MARGIN_EASE {
@@ -122,9 +129,18 @@ impl AheadState {
             Ahead::Over => {
                 self.near_limit_at = Some(now);
                 self.fits = 0;
-                self.margin = (self.margin * 2).min(sql::AHEAD_MARGIN_MOST);
+                if self
+                    .widened_at
+                    .is_none_or(|at| now.duration_since(at) >= AHEAD_PAUSE)
+                {
+                    self.widened_at = Some(now);
+                    self.margin = (self.margin * 2).min(sql::AHEAD_MARGIN_MOST);
+                }
             }
-            Ahead::Binding => self.near_limit_at = Some(now),
+            Ahead::Binding => {
+                self.near_limit_at = Some(now);
+                self.margin = (self.margin / 2).max(sql::AHEAD_MARGIN_LEAST);
+            }
             Ahead::Partitioned => {}
         }
     }
@@ -133,7 +149,9 @@ impl AheadState {
 /// How long a handle trusts what it last read of its queue's limits. Claims of a queue with
 /// limits take the locked path (`lock_queue.sql`, `claim_limited.sql`); a handle that has not
 /// yet seen a queue's new limits claims nothing from it meanwhile (`claim.sql` refuses a
-/// limited queue), so the limits hold from the moment they commit.
+/// limited queue), so the limits hold from the moment they commit for the claims that start
+/// after it (a claim already running may still take its batch: docs/operations.md, "Queue
+/// limits").
 const LIMITS_RECHECK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
@@ -1071,23 +1089,48 @@ impl<D: Driver> PostgresQueue<D> {
 mod tests {
     use super::*;
 
-    /// A failed claim ahead doubles the margin and sends the claims under the lock for a
-    /// while; claims ahead that fit narrow it by one for every [`AHEAD_MARGIN_EASE`], never
-    /// below the least nor above the most; a queue found near a limit pauses them, margin
-    /// kept.
+    /// A failed claim ahead doubles the margin (once per pause) and sends the claims under the
+    /// lock for a while; claims ahead that take jobs and fit narrow it by one for every
+    /// [`AHEAD_MARGIN_EASE`], a queue found short of room by half, never below the least nor
+    /// above the most; claims that find nothing due leave it as it is.
     #[test]
-    fn the_claims_ahead_widen_their_margin_when_one_fails_and_narrow_it_slowly() {
+    fn the_claims_ahead_widen_their_margin_when_one_fails_and_narrow_it_again() {
         let start = std::time::Instant::now();
-        let claimed = || Ahead::Claimed(ClaimBatch { jobs: Vec::new() });
+        let job = queue_core::ClaimedJob {
+            id: JobId(1),
+            generation: queue_core::ClaimGeneration(1),
+            token: queue_core::ClaimToken(1),
+            attempts: 1,
+            reclaims: 0,
+            taken_over: false,
+            over_reclaim_cap: false,
+            cancel_requested: false,
+            claimed_at: chrono::Utc::now(),
+            due_at: chrono::Utc::now(),
+            priority: 0,
+            payload: serde_json::Value::Null,
+        };
+        let claimed = || {
+            Ahead::Claimed(ClaimBatch {
+                jobs: vec![job.clone()],
+            })
+        };
+        let idle = || Ahead::Claimed(ClaimBatch { jobs: Vec::new() });
         let mut state = AheadState::default();
         assert_eq!(state.margin(start), Some(sql::AHEAD_MARGIN_LEAST));
         state.came_to(&claimed(), start);
         state.came_to(&Ahead::Over, start);
+        state.came_to(&Ahead::Over, start);
         assert_eq!(state.margin(start), None, "under the lock for a while");
         let later = start + AHEAD_PAUSE;
-        assert_eq!(state.margin(later), Some(8));
+        assert_eq!(
+            state.margin(later),
+            Some(8),
+            "two failures at once widen it once"
+        );
         for _ in 0..AHEAD_MARGIN_EASE - 1 {
             state.came_to(&claimed(), later);
+            state.came_to(&idle(), later);
         }
         assert_eq!(
             state.margin(later),
@@ -1096,19 +1139,29 @@ mod tests {
         );
         state.came_to(&claimed(), later);
         assert_eq!(state.margin(later), Some(7));
+        let mut at = later;
         for _ in 0..10 {
-            state.came_to(&Ahead::Over, later);
+            at += AHEAD_PAUSE;
+            state.came_to(&Ahead::Over, at);
         }
-        let latest = later + AHEAD_PAUSE;
+        let latest = at + AHEAD_PAUSE;
         assert_eq!(state.margin(latest), Some(sql::AHEAD_MARGIN_MOST));
         state.came_to(&Ahead::Binding, latest);
         assert_eq!(state.margin(latest), None);
         assert_eq!(
             state.margin(latest + AHEAD_PAUSE),
-            Some(sql::AHEAD_MARGIN_MOST)
+            Some(sql::AHEAD_MARGIN_MOST / 2),
+            "short of room: halved"
         );
         for _ in 0..AHEAD_MARGIN_EASE * sql::AHEAD_MARGIN_MOST {
             state.came_to(&claimed(), latest);
+        }
+        assert_eq!(
+            state.margin(latest + AHEAD_PAUSE),
+            Some(sql::AHEAD_MARGIN_LEAST)
+        );
+        for _ in 0..4 {
+            state.came_to(&Ahead::Binding, latest);
         }
         assert_eq!(
             state.margin(latest + AHEAD_PAUSE),

@@ -3371,7 +3371,8 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
 /// under a limit of twelve, and while it wrote its jobs the limits were removed, another handle
 /// claimed ten without them (`claim.sql`, which counts nothing on the row), and the limit was
 /// set again. The changes moved the row's claims counter, so the claim fails its check instead
-/// of counting on a snapshot that missed those ten (its three would make thirteen).
+/// of counting on a snapshot that missed those ten (its three would make thirteen). Limits
+/// set again as they were move nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     use queue_core::{Admin, QueueLimits};
@@ -3386,6 +3387,17 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
         ..QueueLimits::NONE
     };
     queue.set_limits(twelve).await.unwrap();
+    // Limits set as they were move nothing (a process that sets its limits as it starts fails
+    // no claim ahead).
+    let claims = || async {
+        sqlx::query_scalar::<_, i64>("SELECT claims FROM queue_jobs_queues WHERE queue = 'default'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let before = claims().await;
+    queue.set_limits(twelve).await.unwrap();
+    assert_eq!(claims().await, before);
     // The claim ahead (claimed_by 'slow') writes each of its rows slowly.
     sqlx::raw_sql(
         "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS
