@@ -3261,6 +3261,35 @@ async fn in_flight(db: &TestDb) -> i64 {
         .unwrap()
 }
 
+/// A handle on a fresh database's default queue with twenty jobs, under `limits`.
+async fn twenty_jobs_under<D: TestDriver>(
+    db: &TestDb,
+    limits: queue_core::QueueLimits,
+) -> PostgresQueue<D> {
+    use queue_core::Admin;
+    let queue = support::connect_default::<D>(db).await;
+    queue
+        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
+        .await
+        .unwrap();
+    queue.set_limits(limits).await.unwrap();
+    queue
+}
+
+/// A claim of three with `claim_ahead.sql` (margin four, claimed by `holder`) on a connection
+/// of its own, running.
+fn spawn_claim_ahead(
+    db: &TestDb,
+    holder: &'static str,
+) -> tokio::task::JoinHandle<Result<(usize, Vec<String>), sqlx::Error>> {
+    let pool = db.pool.clone();
+    tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+        raw_claim(&mut conn, sql, 3, holder, Some(4)).await
+    })
+}
+
 /// Twenty jobs in the default queue under `limits`; a transaction claims `held` of them with
 /// `claim_limited.sql` and holds the queue's row (as a claim under the lock does until it
 /// commits), then runs `meanwhile` in it (the claim of an earlier release, say); a claim of
@@ -3273,13 +3302,7 @@ async fn claim_ahead_after_a_locked_claim(
     held: i64,
     meanwhile: Option<&'static str>,
 ) -> Result<(usize, Vec<String>), sqlx::Error> {
-    use queue_core::Admin;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
-    queue
-        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
-        .await
-        .unwrap();
-    queue.set_limits(limits).await.unwrap();
+    twenty_jobs_under::<queue_postgres::Sqlx>(db, limits).await;
     let table = TableName::default();
     let mut holder = db.pool.begin().await.unwrap();
     let locked = queue_postgres::testing::claim_limited_sql(&table);
@@ -3290,12 +3313,7 @@ async fn claim_ahead_after_a_locked_claim(
     if let Some(sql) = meanwhile {
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
-    let pool = db.pool.clone();
-    let ahead = tokio::spawn(async move {
-        let mut conn = pool.acquire().await.unwrap();
-        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
-        raw_claim(&mut conn, sql, 3, "ahead", Some(4)).await
-    });
+    let ahead = spawn_claim_ahead(db, "ahead");
     wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
     ahead.await.unwrap()
@@ -3325,18 +3343,12 @@ async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_while_it_ran() {
 /// flight in its snapshot), meets at its end the eleven jobs a claim put in flight while it
 /// ran, fails, undone, and claims again under the lock in the same call: the two left.
 async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: TestDriver>() {
-    use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<D>(&db).await;
-    queue
-        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
-        .await
-        .unwrap();
-    let limits = QueueLimits {
+    let limits = queue_core::QueueLimits {
         max_in_flight: Some(13),
-        ..QueueLimits::NONE
+        ..queue_core::QueueLimits::NONE
     };
-    queue.set_limits(limits).await.unwrap();
+    let queue = twenty_jobs_under::<D>(&db, limits).await;
     let mut holder = db.pool.begin().await.unwrap();
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
     let first = raw_claim(&mut holder, locked, 11, "first", None)
@@ -3377,16 +3389,11 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
 async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-    queue
-        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
-        .await
-        .unwrap();
     let twelve = QueueLimits {
         max_in_flight: Some(12),
         ..QueueLimits::NONE
     };
-    queue.set_limits(twelve).await.unwrap();
+    let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, twelve).await;
     // Limits set as they were move nothing (a process that sets its limits as it starts fails
     // no claim ahead).
     let claims = || async {
@@ -3408,12 +3415,7 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let pool = db.pool.clone();
-    let ahead = tokio::spawn(async move {
-        let mut conn = pool.acquire().await.unwrap();
-        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
-        raw_claim(&mut conn, sql, 3, "slow", Some(4)).await
-    });
+    let ahead = spawn_claim_ahead(&db, "slow");
     wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
     queue.set_limits(QueueLimits::NONE).await.unwrap();
     let other = support::connect_default::<queue_postgres::Sqlx>(&db).await;
@@ -3431,29 +3433,18 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
 /// meanwhile may have pruned, and log itself out of order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
-    use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-    queue
-        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
-        .await
-        .unwrap();
-    let limits = QueueLimits {
+    let limits = queue_core::QueueLimits {
         rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap()),
-        ..QueueLimits::NONE
+        ..queue_core::QueueLimits::NONE
     };
-    queue.set_limits(limits).await.unwrap();
+    twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
     let mut holder = db.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
         .execute(&mut *holder)
         .await
         .unwrap();
-    let pool = db.pool.clone();
-    let ahead = tokio::spawn(async move {
-        let mut conn = pool.acquire().await.unwrap();
-        let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
-        raw_claim(&mut conn, sql, 3, "ahead", Some(4)).await
-    });
+    let ahead = spawn_claim_ahead(&db, "ahead");
     wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
     let held = raw_claim(&mut holder, locked, 2, "first", None)
@@ -3535,11 +3526,7 @@ async fn a_claim_ahead_counts_the_starts_a_claim_logged_while_it_ran() {
 async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock() {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-    queue
-        .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
-        .await
-        .unwrap();
+    let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, QueueLimits::NONE).await;
     let sql = || queue_postgres::testing::claim_ahead_sql(&TableName::default());
     let mut conn = db.pool.acquire().await.unwrap();
     for (max_in_flight, max_per_partition, batch, expected) in [
