@@ -55,6 +55,12 @@ pub const FINALIZE_UNKNOWN: &str = "queue_finalize_unknown_total";
 pub const HOOK_FAILURES: &str = "queue_hook_failures_total";
 /// Claim statements that failed (counter).
 pub const CLAIM_FAILURES: &str = "queue_claim_failures_total";
+/// Claims of a queue with limits that ran again under the queue's lock (counter): on
+/// PostgreSQL, a claim ahead of the lock that found the limits used up by the claims that
+/// committed while it ran, or a claim that waited for the lock and found its snapshot stale.
+/// Each is a claim's work done twice; a steady share of the claims means the queue's claimers
+/// take turns (several workers on a limit near binding).
+pub const LIMITED_CLAIMS_RERUN: &str = "queue_limited_claims_rerun_total";
 /// The round trip of a claim statement, in seconds (histogram).
 pub const CLAIM_DURATION: &str = "queue_claim_duration_seconds";
 /// The round trip of a finalize (one job with its hooks, or one batch), in seconds
@@ -76,7 +82,7 @@ pub const SCHEDULE_LABEL: &str = "schedule";
 pub const JOBS_IN_FLIGHT: &str = "queue_jobs_in_flight";
 
 /// Every metric's name, for documentation and tests.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 23] = [
     JOBS_ENQUEUED,
     JOBS_CLAIMED,
     JOBS_RECLAIMED,
@@ -92,6 +98,7 @@ pub const ALL: [&str; 22] = [
     FINALIZE_UNKNOWN,
     HOOK_FAILURES,
     CLAIM_FAILURES,
+    LIMITED_CLAIMS_RERUN,
     CLAIM_DURATION,
     FINALIZE_DURATION,
     JOB_RUN_DURATION,
@@ -108,6 +115,13 @@ pub fn record_enqueued(queue: &QueueName, jobs: u64) {
         ::metrics::counter!(JOBS_ENQUEUED, QUEUE_LABEL => queue.as_str().to_owned())
             .increment(jobs);
     }
+}
+
+/// Counts a claim of a limited `queue` that runs again under the queue's lock
+/// ([`LIMITED_CLAIMS_RERUN`]): what backends call when they send it again.
+pub fn record_limited_claim_rerun(queue: &QueueName) {
+    ::metrics::counter!(LIMITED_CLAIMS_RERUN, QUEUE_LABEL => queue.as_str().to_owned())
+        .increment(1);
 }
 
 /// Counts a scheduler's pass of one schedule: periods enqueued, and periods refused.

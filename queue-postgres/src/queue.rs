@@ -475,7 +475,10 @@ impl<D: Driver> PostgresQueue<D> {
                 Some(Ahead::Binding) | None => {}
                 // Claims committed while it ran: a statement alone would most likely find
                 // its snapshot stale too.
-                Some(Ahead::Over) => contended = true,
+                Some(Ahead::Over) => {
+                    queue_core::metrics::record_limited_claim_rerun(queue);
+                    contended = true;
+                }
             }
         }
         let fold = if contended {
@@ -493,6 +496,9 @@ impl<D: Driver> PostgresQueue<D> {
                 )
                 .await?;
                 jobs.extend(claim.jobs);
+                if claim.stale {
+                    queue_core::metrics::record_limited_claim_rerun(queue);
+                }
                 if claim.stale || claim.fold {
                     break claim.fold;
                 }

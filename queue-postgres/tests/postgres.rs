@@ -3379,6 +3379,33 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
     db.drop_db().await;
 }
 
+/// The claim ahead that failed in the test above counts once as a claim run again under the
+/// lock (`queue_limited_claims_rerun_total`, labelled with its queue), recorded by this
+/// thread's recorder: the test runs on one thread, its spawned claim too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock::<queue_postgres::Sqlx>()
+        .await;
+    let reruns: Vec<DebugValue> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == queue_core::metrics::LIMITED_CLAIMS_RERUN
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == queue_core::metrics::QUEUE_LABEL && l.value() == "default")
+        })
+        .map(|(.., value)| value)
+        .collect();
+    assert_eq!(reruns, [DebugValue::Counter(1)]);
+}
+
 /// A claim ahead whose statement spans changes of the queue's limits: it took its snapshot
 /// under a limit of twelve, and while it wrote its jobs the limits were removed, another handle
 /// claimed ten without them (`claim.sql`, which counts nothing on the row), and the limit was
