@@ -3406,6 +3406,53 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
     assert_eq!(reruns, [DebugValue::Counter(1)]);
 }
 
+/// A claim ahead whose connection is killed while it waits for the queue's row, its jobs
+/// written: the handle's claim fails (a transient error), nothing it wrote stays (no job in
+/// flight, none counted on the row), and a claim after it takes its jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_killed_while_it_waits_leaves_nothing() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(20),
+        ..queue_core::QueueLimits::NONE
+    };
+    let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let claiming = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.claim(req(3)).await })
+    };
+    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    let killed: bool = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(killed);
+    let err = claiming
+        .await
+        .unwrap()
+        .expect_err("the claim's connection was killed");
+    assert!(err.is_transient(), "{err}");
+    holder.commit().await.unwrap();
+    assert_eq!(in_flight(&db).await, 0, "nothing the claim wrote stayed");
+    let counted: i64 =
+        sqlx::query_scalar("SELECT counted_jobs FROM queue_jobs_queues WHERE queue = 'default'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(counted, 0);
+    let after = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    assert_eq!(after.claim(req(3)).await.unwrap().jobs.len(), 3);
+    db.drop_db().await;
+}
+
 /// A claim ahead whose statement spans changes of the queue's limits: it took its snapshot
 /// under a limit of twelve, and while it wrote its jobs the limits were removed, another handle
 /// claimed ten without them (`claim.sql`, which counts nothing on the row), and the limit was
