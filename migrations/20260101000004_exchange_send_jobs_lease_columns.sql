@@ -91,3 +91,9 @@ ALTER TABLE "exchange_send_jobs_queues" SET (toast_tuple_target = 8160);
 ALTER TABLE "exchange_send_jobs_queues"
     ADD COLUMN IF NOT EXISTS counted_claims bigint NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS counted_jobs bigint NOT NULL DEFAULT 0;
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS counted_slots bigint[];
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ALTER COLUMN counted_slots SET STORAGE PLAIN;

@@ -1,7 +1,7 @@
 -- The claim: recovery folded in, by the database's clock only.
--- This form claims from a queue whose limits are queue-wide only (max_in_flight, the rate)
--- while they leave ample room, without waiting for the queue's row first (its first line is
--- claim.sql's, so that a drain finds it running).
+-- This form claims from a queue whose limits are max_in_flight, the rate and max_per_partition
+-- (not a rate per partition) while they leave ample room, without waiting for the queue's row
+-- first (its first line is claim.sql's, so that a drain finds it running).
 --
 -- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for); $8 the margin, how
 -- many claims of that batch the room must leave space for (the queue handle widens it while
@@ -11,33 +11,43 @@
 -- Why: claim_limited.sql holds the queue's row lock for its whole pick and write, so the
 -- claims of several workers take turns even when the limits are far from binding. This form
 -- reads the row unlocked (seen, its snapshot's version) and claims while the room it shows
--- leaves space for $8 claims of the batch asked for (ahead.ample), in parallel with the
--- other claims, as claim.sql does; only its last write takes the row's lock, to check the
--- limits and count the claim (logged). When the room is not ample, or the queue has limits
--- per partition, it claims nothing and returns a row marked 'binding' or 'partitioned':
--- claim with claim_limited.sql then.
+-- leaves space for $8 claims of the batch asked for (ahead.ample, and fit for
+-- max_per_partition), in parallel with the other claims, as claim.sql does; only its last
+-- write takes the row's lock, to check the limits and count the claim (logged). When the room
+-- is not ample it claims nothing and returns a row marked 'binding'; a queue with a rate per
+-- partition, a row marked 'partitioned': claim with claim_limited.sql then.
 --
--- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight and the rate. The check
--- runs on the row as the last claim to hold it committed it (an UPDATE reads the newest
--- version of a row it waited for). The queue's jobs in flight are at most the snapshot's
--- in-flight rows, plus the jobs the claims that committed since put in flight (the row's
--- counted_jobs since the snapshot's; table migration 20261210000001), plus this claim's new
--- jobs; the claims that committed since each counted theirs when the row's claims counter
--- moved as far as counted_claims (a claim of a release without those columns moves claims
--- alone: then the check fails; so does a change of the limits, set_limits.sql). The rate
--- counts the row's log of starts at the moment of the check, and logs the claim at it
--- (clock_timestamp read in the update's WHERE and SET, which run again on the newest version
--- when a claim updated the row while this one waited for it: a value read in its FROM would be
--- the instant it began to wait, and miss entries that claim pruned. When the row was only
--- locked meanwhile, they are not run again and the instant is the one the wait began at: the
--- log did not change meanwhile, so the count is the same, and its entries only expire).
--- Every claim of the queue checks under the row's lock, so no two pass the check on the same
--- room. The claim's own rows are written before the check: their claimed_at, and the lease
--- counted from it, is the statement's start (now()), earlier than the instant the rate counts
--- the claim by, by the statement's run and its wait for the lock (a row is written once per
--- statement).
+-- max_per_partition: the picks go ahead (fit) when each picked partition's jobs in flight
+-- (held, the snapshot's) plus its picks leave room for $8 times the picks of its slot of
+-- partition keys (claims that commit meanwhile and pick alike add about that much to the
+-- slot). Jobs without a partition key are not limited per partition.
 --
--- A claim that fails the check, or whose row shows limits per partition set since, must not
+-- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate and
+-- max_per_partition. The check runs on the row as the last claim to hold it committed it (an
+-- UPDATE reads the newest version of a row it waited for). The queue's jobs in flight are at
+-- most the snapshot's in-flight rows, plus the jobs the claims that committed since put in
+-- flight (the row's counted_jobs since the snapshot's; table migration 20261210000001), plus
+-- this claim's new jobs; the claims that committed since each counted theirs when the row's
+-- claims counter moved as far as counted_claims (a claim of a release without those columns
+-- moves claims alone: then the check fails; so does a change of the limits, set_limits.sql).
+-- With max_per_partition every such claim also counted its new jobs (or its picks, which
+-- include them) per slot of their partition keys (counted_slots, table migration
+-- 20261211000001: running totals of 128 slots, claim_slot.sql), so a partition's jobs in
+-- flight are at most its snapshot's in-flight rows plus its slot's total since the snapshot
+-- plus this claim's picks of it, which must stay within the limit. The rate counts the row's
+-- log of starts at
+-- the moment of the check, and logs the claim at it (clock_timestamp read in the update's
+-- WHERE and SET, which run again on the newest version when a claim updated the row while
+-- this one waited for it: a value read in its FROM would be the instant it began to wait, and
+-- miss entries that claim pruned. When the row was only locked meanwhile, they are not run
+-- again and the instant is the one the wait began at: the log did not change meanwhile, so
+-- the count is the same, and its entries only expire). Every claim of the queue checks under
+-- the row's lock, so no two pass the check on the same room. The claim's own rows are written
+-- before the check: their claimed_at, and the lease counted from it, is the statement's start
+-- (now()), earlier than the instant the rate counts the claim by, by the statement's run and
+-- its wait for the lock (a row is written once per statement).
+--
+-- A claim that fails the check, or whose row shows a rate per partition set since, must not
 -- commit, and a statement cannot undo its own writes; an error can: the statement then fails
 -- with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
 -- job count so that the planner cannot fold it into a constant and raise it while planning).
@@ -45,9 +55,8 @@
 -- committed while this one ran must have used up the margin.
 WITH seen AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
-           c.counted_claims, c.counted_jobs,
-           (c.max_per_partition IS NOT NULL
-            OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL))
+           c.counted_claims, c.counted_jobs, c.max_per_partition, c.counted_slots,
+           (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
                AS partitioned
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
@@ -63,7 +72,8 @@ ahead AS MATERIALIZED (
                        WHERE (e ->> 0)::float8
                              > extract(epoch FROM clock_timestamp())::float8 * 1000
                                - s.rate_per_ms) >= $8::bigint * $2::bigint) AS ample,
-           n.in_flight
+           n.in_flight,
+           s.max_per_partition
     FROM seen AS s
     CROSS JOIN LATERAL (
         -- Without max_in_flight, no count (a CASE runs its subquery only when it is read).
@@ -75,8 +85,57 @@ ahead AS MATERIALIZED (
 take AS MATERIALIZED (
     SELECT CASE WHEN COALESCE((SELECT ample FROM ahead), false) THEN $2::bigint ELSE 0 END AS jobs
 ),
-due AS MATERIALIZED (
+plain AS MATERIALIZED (
 {{claim_due}}
+),
+held AS MATERIALIZED (
+    -- Each picked partition's jobs in flight in the snapshot, its picks and its slot of
+    -- partition keys: one aggregate over the picks and the queue's in-flight rows by key (a
+    -- join of the two is planned on the in-flight rows' estimate, one row, and compares every
+    -- pair). Read only for a bound per partition: a CTE nobody reads never runs.
+    SELECT u.key, count(*) FILTER (WHERE NOT u.pick) AS n, count(*) FILTER (WHERE u.pick) AS picks,
+           {{flight_slot_held}} AS slot
+    FROM (SELECT p.partition_key AS key, true AS pick
+          FROM plain AS p
+          WHERE p.partition_key IS NOT NULL
+          UNION ALL
+          SELECT j.partition_key, false
+          FROM "{{table}}" AS j
+          WHERE j.queue = $1 AND j.status = 'in_flight' AND j.partition_key IS NOT NULL) AS u
+    GROUP BY u.key
+    HAVING bool_or(u.pick)
+),
+slot_picks AS MATERIALIZED (
+    -- The picks per slot, all slots in order (an array read by slot number): what fit weighs
+    -- each partition's margin by, and what the claim adds to the row's counts per slot when it
+    -- is written. Every new job of a partition is one of its picks; a pick not taken (a
+    -- takeover took its place in the batch) is counted too, which only makes the check and
+    -- later claims' bounds more cautious, never wrong.
+    SELECT array_agg(COALESCE(k.picks, 0)::bigint ORDER BY i) AS picks
+    FROM generate_series(1, {{flight_slot_count}}) AS i
+    LEFT JOIN (SELECT slot, sum(picks) AS picks FROM held GROUP BY slot) AS k ON k.slot + 1 = i
+),
+fit AS MATERIALIZED (
+    -- Whether the picks go ahead: the room is ample and, with max_per_partition, each picked
+    -- partition's jobs in flight plus its picks leave room for the margin's claims of as many
+    -- jobs as its slot of partition keys got in this pick (claims that commit meanwhile and
+    -- pick alike would add about that much to the slot). The row's counts per slot are needed
+    -- for the check at the end (set_limits.sql starts them).
+    SELECT (SELECT jobs FROM take) > 0
+           AND (a.max_per_partition IS NULL
+                OR NOT EXISTS (
+                       SELECT 1
+                       FROM held AS h
+                       WHERE cardinality((SELECT counted_slots FROM seen))
+                                 IS DISTINCT FROM {{flight_slot_count}}
+                          OR h.n + h.picks
+                             + $8::bigint * (SELECT picks FROM slot_picks)[h.slot + 1]
+                             > a.max_per_partition))
+               AS ok
+    FROM ahead AS a
+),
+due AS MATERIALIZED (
+    SELECT * FROM plain WHERE (SELECT ok FROM fit)
 ),
 {{claim_picks}},
 logged AS (
@@ -84,6 +143,15 @@ logged AS (
     SET claims = c.claims + 1,
         counted_claims = c.counted_claims + 1,
         counted_jobs = c.counted_jobs + n.new_jobs,
+        -- Computed before the row's lock is waited for (a CTE runs once), the sum in one
+        -- pass of both arrays (a count missing or misshapen starts from the claim's).
+        counted_slots = CASE WHEN c.max_per_partition IS NULL THEN c.counted_slots
+            WHEN cardinality(c.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
+            THEN (SELECT picks FROM slot_picks)
+            ELSE ARRAY(SELECT a + b FROM unnest(c.counted_slots, (SELECT picks FROM slot_picks))
+                                             WITH ORDINALITY AS t(a, b, i)
+                       ORDER BY i)
+        END,
         rate_log = CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb
             ELSE COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
                            WHERE (e ->> 0)::float8
@@ -99,10 +167,18 @@ logged AS (
     WHERE c.queue = $1
       AND n.all_jobs > 0
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
-      AND c.max_per_partition IS NULL
       AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL)
       AND (c.max_in_flight IS NULL
            OR a.in_flight + (c.counted_jobs - s.counted_jobs) + n.new_jobs <= c.max_in_flight)
+      AND (c.max_per_partition IS NULL
+           OR NOT EXISTS (
+                  SELECT 1
+                  FROM held AS h
+                  WHERE cardinality(s.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
+                     OR cardinality(c.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
+                     OR h.n + h.picks
+                        + (c.counted_slots[h.slot + 1] - s.counted_slots[h.slot + 1])
+                        > c.max_per_partition))
       AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL
            OR (SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                FROM jsonb_array_elements(c.rate_log) AS e
@@ -118,7 +194,7 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN COALESCE((SELECT partitioned FROM ahead), false) THEN 'partitioned'
             ELSE 'binding' END
-WHERE (SELECT jobs FROM take) = 0
+WHERE NOT COALESCE((SELECT ok FROM fit), false)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        ('{{over}} with ' || (SELECT count(*) FROM claimed) || ' jobs')::bigint::text

@@ -1,7 +1,8 @@
 -- The end of a claim of a queue with limits (claim_limited.sql and claim_turns.sql render it
 -- in place of their claim_logged token, last, after their CTEs control, quota, claimed and
--- next_cursor): the queue's row counts the claim (claims, the rate's log, the tally of the
--- rate per partition) and keeps the partition cursor. With a rate per partition, the jobs the
+-- next_cursor): the queue's row counts the claim (claims, the jobs it put in flight, per slot
+-- of partition keys too with max_per_partition, the rate's log, the tally of the rate per
+-- partition) and keeps the partition cursor. With a rate per partition, the jobs the
 -- claim took of each partition are logged: in the partition's row of "{{table}}_starts"
 -- (keeping the window's entries) when the claim counted per partition, or, while the tally
 -- left room for the whole claim (rated.unbound, claim_rated.sql), in one row of "{{table}}_claim_starts" for
@@ -26,12 +27,33 @@ slot_claims AS (
     WHERE c.partition_key IS NOT NULL AND (SELECT tally_per_ms FROM quota) IS NOT NULL
     GROUP BY 1
 ),
+flight_claims AS (
+    -- The claim's new partitioned jobs (takeovers were in flight already) per slot of the
+    -- counts of jobs put in flight (claim_slot.sql, counted_slots: read only with
+    -- max_per_partition).
+    SELECT {{flight_slot}} AS slot, count(*) AS jobs
+    FROM claimed AS c
+    WHERE NOT c.taken_over AND c.partition_key IS NOT NULL
+    GROUP BY 1
+),
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_claims = c.counted_claims
                          + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),
+        -- With max_per_partition, the running total per slot goes on (a missing or misshapen
+        -- one starts from zeros: a claim ahead whose snapshot had it so does not use it).
+        counted_slots = CASE WHEN c.max_per_partition IS NULL OR NOT EXISTS (SELECT 1 FROM claimed)
+            THEN c.counted_slots
+            ELSE (SELECT array_agg(COALESCE(CASE WHEN cardinality(c.counted_slots)
+                                                      = {{flight_slot_count}}
+                                                 THEN c.counted_slots[i] END, 0)
+                                   + COALESCE(a.jobs, 0)
+                                   ORDER BY i)
+                  FROM generate_series(1, {{flight_slot_count}}) AS i
+                  LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
+        END,
         rate_log = CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.rate_log
             WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb ELSE
             COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e

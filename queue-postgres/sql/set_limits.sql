@@ -25,7 +25,7 @@ forgotten_claims AS (
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
                                      partition_rate_starts, partition_rate_per_ms, partition_tally,
-                                     partition_slots)
+                                     partition_slots, counted_slots)
 SELECT $1, $2, $3, $4, $5, $6, $7,
        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
             THEN jsonb_build_object(
@@ -34,7 +34,8 @@ SELECT $1, $2, $3, $4, $5, $6, $7,
        END,
        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
             THEN array_fill(0, ARRAY[{{slot_count}}])
-       END
+       END,
+       CASE WHEN $5::integer IS NOT NULL THEN array_fill(0::bigint, ARRAY[{{flight_slot_count}}]) END
 FROM (SELECT floor(extract(epoch FROM clock_timestamp())::float8 * 1000
                    / $7::bigint)::bigint AS bucket) AS w
 ON CONFLICT (queue) DO UPDATE
@@ -60,6 +61,13 @@ SET claims = c.claims
                            THEN EXCLUDED.partition_slots
                            WHEN EXCLUDED.partition_slots IS NULL THEN NULL
                            ELSE c.partition_slots END,
+    -- Kept (a running total: claims ahead count from their snapshot's), or started at zeros
+    -- where there is none, so that the first claims of the limit can go ahead.
+    counted_slots = CASE WHEN EXCLUDED.max_per_partition IS NOT NULL
+                              AND cardinality(c.counted_slots)
+                                  IS DISTINCT FROM {{flight_slot_count}}
+                         THEN EXCLUDED.counted_slots
+                         ELSE c.counted_slots END,
     updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
           partition_rate_starts, partition_rate_per_ms

@@ -108,4 +108,12 @@ ALTER TABLE "{{table}}_queues" SET (toast_tuple_target = 8160);
 -- The jobs the limited claims put in flight (table migration 20261210000001).
 ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS counted_claims bigint NOT NULL DEFAULT 0,
-    ADD COLUMN IF NOT EXISTS counted_jobs bigint NOT NULL DEFAULT 0
+    ADD COLUMN IF NOT EXISTS counted_jobs bigint NOT NULL DEFAULT 0;
+
+-- The jobs the limited claims put in flight per slot of partition keys (table migration
+-- 20261211000001).
+ALTER TABLE "{{table}}_queues"
+    ADD COLUMN IF NOT EXISTS counted_slots bigint[];
+
+ALTER TABLE "{{table}}_queues"
+    ALTER COLUMN counted_slots SET STORAGE PLAIN

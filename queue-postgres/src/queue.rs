@@ -65,7 +65,7 @@ enum Ahead {
     Binding,
     /// Its jobs would have put the queue over a limit: it failed, undone.
     Over,
-    /// The queue has limits per partition: nothing claimed.
+    /// The queue has a rate per partition: nothing claimed.
     Partitioned,
 }
 
@@ -161,6 +161,9 @@ struct LimitsSeen {
     /// Limits per partition among them: claims start with the full form of
     /// `claim_limited.sql`, not the lean one.
     partitioned: bool,
+    /// A rate per partition among them: claims never go ahead of the queue's row lock
+    /// (`claim_ahead.sql` refuses such a queue).
+    rated_partitions: bool,
 }
 
 impl<D: Driver> Clone for PostgresQueue<D> {
@@ -398,7 +401,19 @@ impl<D: Driver> PostgresQueue<D> {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
+            rated_partitions: limits.rate_per_partition.is_some(),
         };
+    }
+
+    /// Whether a claim may go ahead of the queue's row lock: unless the queue was last seen
+    /// with a rate per partition.
+    fn may_claim_ahead(&self) -> bool {
+        !self
+            .inner
+            .limits_seen
+            .lock()
+            .expect("limits lock")
+            .rated_partitions
     }
 
     /// The form a limited claim starts with: the lean one unless the queue was last seen with
@@ -422,7 +437,15 @@ impl<D: Driver> PostgresQueue<D> {
             .partitioned = true;
     }
 
-    /// The claim of a queue whose limits are queue-wide only, while they leave ample room
+    /// A claim ahead found a rate per partition the handle had not seen: claims under the
+    /// lock, in the full form, until the limits are read again.
+    fn saw_partition_rate(&self) {
+        let mut seen = self.inner.limits_seen.lock().expect("limits lock");
+        seen.partitioned = true;
+        seen.rated_partitions = true;
+    }
+
+    /// The claim of a queue without a rate per partition, while its limits leave ample room
     /// (`claim_ahead.sql`, which fails, undone, when its jobs would pass the limits); `None`
     /// while the handle claims under the lock ([`AheadState`]).
     async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Option<Ahead>, PgError> {
@@ -437,7 +460,7 @@ impl<D: Driver> PostgresQueue<D> {
             statement::claim_ahead::<D>(D::pooled(&mut conn), &inner.sql, queue, request, margin)
                 .await?;
         let ahead = if claim.partitioned {
-            self.saw_partitions();
+            self.saw_partition_rate();
             Ahead::Partitioned
         } else if claim.over {
             Ahead::Over
@@ -454,7 +477,9 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(Some(ahead))
     }
 
-    /// A claim of a queue with limits: one statement that takes the queue's row lock and
+    /// A claim of a queue with limits: first, unless the queue has a rate per partition, a
+    /// claim ahead of the queue's row lock ([`Self::claim_ahead`]), which serves it while the
+    /// limits leave ample room. Otherwise one statement that takes the queue's row lock and
     /// claims within the limits (`claim_limited.sql`), and a second one when its pick would put
     /// a partition over its limit (`claim_turns.sql`, for the rest of the batch). When another
     /// claim of the queue committed after a statement's snapshot (it waited for that claim's
@@ -468,7 +493,7 @@ impl<D: Driver> PostgresQueue<D> {
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
         let mut contended = false;
-        if form == LimitedForm::Lean {
+        if self.may_claim_ahead() {
             match self.claim_ahead(request).await? {
                 Some(Ahead::Claimed(batch)) => return Ok(batch),
                 Some(Ahead::Partitioned) => form = LimitedForm::Pick,

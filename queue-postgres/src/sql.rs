@@ -90,7 +90,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 10] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 11] = [
     (
         20261130000001,
         "queue jobs",
@@ -169,6 +169,14 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 10] = [
         Template {
             name: "20261210000001_claim_counts.sql",
             text: include_str!("../migrations/20261210000001_claim_counts.sql"),
+        },
+    ),
+    (
+        20261211000001,
+        "claim slots",
+        Template {
+            name: "20261211000001_claim_slots.sql",
+            text: include_str!("../migrations/20261211000001_claim_slots.sql"),
         },
     ),
 ];
@@ -273,6 +281,7 @@ pub(crate) fn for_table_with(
     let history_last = (queue_core::limits::ERROR_HISTORY_LEN - 1).to_string();
     let slot_count = PARTITION_SLOTS.to_string();
     let slot_mask = (PARTITION_SLOTS - 1).to_string();
+    let flight_slot_count = FLIGHT_SLOTS.to_string();
     let mut values = vec![
         ("table", table.as_str()),
         ("columns", columns.as_str()),
@@ -282,6 +291,7 @@ pub(crate) fn for_table_with(
         ("history_last", history_last.as_str()),
         ("slot_count", slot_count.as_str()),
         ("slot_mask", slot_mask.as_str()),
+        ("flight_slot_count", flight_slot_count.as_str()),
     ];
     values.extend_from_slice(extra);
     render(template, &values)
@@ -459,6 +469,7 @@ impl LimitedEnds {
             "false"
         };
         let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
+        let flight_slot = slot_of("c.partition_key", FLIGHT_SLOTS)?;
         let logged = for_table_with(
             CLAIM_LOGGED,
             table,
@@ -466,6 +477,7 @@ impl LimitedEnds {
                 ("turns", turns),
                 ("partition_logs", &partition_logs),
                 ("slot", &slot),
+                ("flight_slot", &flight_slot),
             ],
         )?;
         Ok(Self {
@@ -541,14 +553,28 @@ const AHEAD_PICKS: Picks<'static> = Picks {
     due_batch: "(SELECT jobs FROM take)",
     batch: "(SELECT jobs FROM take)",
     guard: "",
-    expired_guard: "OR (SELECT jobs FROM take) = 0",
+    expired_guard: "OR NOT COALESCE((SELECT ok FROM fit), false)",
     claim_now: "now()",
 };
 
-/// `claim_ahead.sql` for `table`: the claim of a queue with queue-wide limits only, while they
-/// leave ample room, which checks them only at its end (under the queue's row lock).
+/// The slots of partition keys in which a queue with `max_per_partition` counts the jobs its
+/// limited claims put in flight (`claim_slot.sql`, the column `counted_slots`): a power of
+/// two. A claim ahead bounds a partition's jobs put in flight meanwhile by its slot's count,
+/// so fewer keys to a slot bound it more closely, and each slot costs 8 bytes of the queue's
+/// row, which every limited claim of such a queue reads and writes whole.
+const FLIGHT_SLOTS: u32 = 128;
+
+/// `claim_slot.sql` for the partition key `key` (an SQL expression), among `slots` slots.
+fn slot_of(key: &str, slots: u32) -> Result<String, PgError> {
+    let mask = (slots - 1).to_string();
+    render(CLAIM_SLOT, &[("key", key), ("slot_mask", &mask)])
+}
+
+/// `claim_ahead.sql` for `table`: the claim of a queue without a rate per partition, while its
+/// limits leave ample room, which checks them only at its end (under the queue's row lock).
 pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &AHEAD_PICKS, None)?;
+    let flight_slot_held = slot_of("u.key", FLIGHT_SLOTS)?;
     for_table_with(
         CLAIM_AHEAD,
         table,
@@ -556,6 +582,7 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
             ("claim_due", &due),
             ("claim_picks", &picks),
             ("over", AHEAD_OVER),
+            ("flight_slot_held", &flight_slot_held),
         ],
     )
 }

@@ -2432,6 +2432,39 @@ fn worker_processes_claiming_ahead_never_exceed_the_queue_limit() {
     assert_eq!(most, 40, "the limit bound: forty ran at once at some point");
 }
 
+/// Six worker processes of twenty-four slots each, claiming at most five jobs at a time (each
+/// job 300 ms of work), on a queue of two partitions (300 jobs each, due in turns) limited to
+/// thirty jobs in flight per partition: the queue's jobs in flight, all partitions together,
+/// are soon past thirty, and while a partition's jobs in flight and a claim's picks of it leave
+/// room for four more such claims its claims do not wait for the queue's row
+/// (`claim_ahead.sql`) and check the limit only as they end, by the jobs each claim put in
+/// flight per slot of partition keys meanwhile, racing one another; past that they claim under
+/// the lock. Sampled from the database while they run, no partition ever has more than thirty
+/// in flight, the limit binds, and every job completes.
+#[test]
+fn worker_processes_claiming_ahead_never_exceed_the_partition_limit() {
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(30),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..600)
+        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{}", n % 2)));
+    let most = run_limited_workers_of(
+        limits,
+        jobs.collect(),
+        "SELECT COALESCE(max(n), 0) FROM (
+             SELECT count(*) AS n FROM queue_jobs
+             WHERE status = 'in_flight' AND partition_key IS NOT NULL
+             GROUP BY partition_key) AS per_partition",
+        30,
+        (6, 24, 5, 300),
+    );
+    assert_eq!(
+        most, 30,
+        "the limit bound: thirty of one partition ran at once"
+    );
+}
+
 /// Three worker processes of eight slots each on a queue of six partitions (twenty jobs each)
 /// and ten jobs without one, limited to two jobs in flight per partition: sampled from the
 /// database while they run, no partition ever has more than two in flight, the limit binds,
@@ -3276,17 +3309,18 @@ async fn twenty_jobs_under<D: TestDriver>(
     queue
 }
 
-/// A claim of three with `claim_ahead.sql` (margin four, claimed by `holder`) on a connection
-/// of its own, running.
+/// A claim of `batch` with `claim_ahead.sql` (margin four, claimed by `holder`) on a
+/// connection of its own, running.
 fn spawn_claim_ahead(
     db: &TestDb,
     holder: &'static str,
+    batch: i64,
 ) -> tokio::task::JoinHandle<Result<(usize, Vec<String>), sqlx::Error>> {
     let pool = db.pool.clone();
     tokio::spawn(async move {
         let mut conn = pool.acquire().await.unwrap();
         let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
-        raw_claim(&mut conn, sql, 3, holder, Some(4)).await
+        raw_claim(&mut conn, sql, batch, holder, Some(4)).await
     })
 }
 
@@ -3313,7 +3347,7 @@ async fn claim_ahead_after_a_locked_claim(
     if let Some(sql) = meanwhile {
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
-    let ahead = spawn_claim_ahead(db, "ahead");
+    let ahead = spawn_claim_ahead(db, "ahead", 3);
     wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
     ahead.await.unwrap()
@@ -3489,7 +3523,7 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let ahead = spawn_claim_ahead(&db, "slow");
+    let ahead = spawn_claim_ahead(&db, "slow", 3);
     wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
     queue.set_limits(QueueLimits::NONE).await.unwrap();
     let other = support::connect_default::<queue_postgres::Sqlx>(&db).await;
@@ -3518,7 +3552,7 @@ async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
         .execute(&mut *holder)
         .await
         .unwrap();
-    let ahead = spawn_claim_ahead(&db, "ahead");
+    let ahead = spawn_claim_ahead(&db, "ahead", 3);
     wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
     let held = raw_claim(&mut holder, locked, 2, "first", None)
@@ -3544,6 +3578,148 @@ async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
         entries[1].0 >= entries[0].0,
         "the claim ahead was logged before the claim it waited for: {log}"
     );
+    db.drop_db().await;
+}
+
+/// Under max_per_partition (six), with ten jobs of ten other partitions in flight (a claim
+/// committed them, counting them per slot of partition keys), so that the queue's jobs in
+/// flight leave no room under the limit all partitions together: a transaction claims `held`
+/// jobs of partition `a` under the lock and holds the queue's row; a claim ahead of one more
+/// job of `a` (the partition's snapshot shows none in flight: ample room) writes it and waits
+/// for the row at its end. Once the first commits, the second ends: its jobs and markers, or
+/// its error. `a`'s jobs in flight after it.
+async fn claim_ahead_in_a_partition_after_a_locked_claim(
+    db: &TestDb,
+    held: i64,
+) -> (Result<(usize, Vec<String>), sqlx::Error>, i64) {
+    use queue_core::Admin;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let mut jobs: Vec<NewJob> = (0..10)
+        .map(|n| NewJob::new(&n).unwrap().partition_key(format!("x{n}")))
+        .collect();
+    jobs.extend((0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a")));
+    queue.enqueue_many(jobs).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(6),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let table = TableName::default();
+    let locked = queue_postgres::testing::claim_limited_sql(&table);
+    let mut conn = db.pool.acquire().await.unwrap();
+    let others = raw_claim(&mut conn, locked.clone(), 10, "others", None)
+        .await
+        .unwrap();
+    assert_eq!(others, (10, vec![]), "one job of each other partition");
+    let mut holder = db.pool.begin().await.unwrap();
+    let first = raw_claim(&mut holder, locked, held, "first", None)
+        .await
+        .unwrap();
+    assert_eq!(first, (held as usize, vec![]));
+    let ahead = spawn_claim_ahead(db, "ahead", 1);
+    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
+    holder.commit().await.unwrap();
+    let claim = ahead.await.unwrap();
+    let a: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight' AND partition_key = 'a'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    (claim, a)
+}
+
+/// The claim ahead counts at its end the jobs of its slot of partition keys that the claim
+/// which committed meanwhile put in flight (six of `a`, counted on the queue's row): its one
+/// would make seven of `a`, so it fails, and nothing it wrote stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_in_its_partition() {
+    let db = TestDb::new().await;
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 6).await;
+    let err = claim.expect_err("the claim ahead is refused");
+    let server = err.as_database_error().expect("the server refused it");
+    assert_eq!(server.code().as_deref(), Some("22P02"), "{err}");
+    assert!(
+        server
+            .message()
+            .contains("claim_ahead: over the limits of the queue with 1 jobs"),
+        "{err}"
+    );
+    assert_eq!(a, 6, "the claim ahead was undone");
+    assert_eq!(in_flight(&db).await, 16);
+    db.drop_db().await;
+}
+
+/// The same with three of `a` claimed meanwhile: the claim ahead's one makes four, within the
+/// limit, and it commits, although the queue's jobs in flight, all partitions together, are
+/// past the limit (the bound per slot serves it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_within_its_partitions_limit_commits_beside_a_locked_claim() {
+    let db = TestDb::new().await;
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3).await;
+    assert_eq!(claim.unwrap(), (1, vec![]));
+    assert_eq!(a, 4);
+    assert_eq!(in_flight(&db).await, 14);
+    db.drop_db().await;
+}
+
+/// Under max_per_partition (five), a claim ahead of jobs of one partition goes ahead only
+/// while the queue's jobs in flight leave room for four more claims like it, or the
+/// partition's jobs in flight and its picks leave room for four more claims like it in the
+/// partition's slot, counted on the queue's row: with none in flight, a claim of two, and with
+/// three in flight, a claim of one, it claims nothing and says `binding`; the handle claims
+/// under the lock, within the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_leaves_a_partition_near_its_limit_to_the_lock() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = QueueLimits {
+        max_per_partition: Some(5),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let sql = || queue_postgres::testing::claim_ahead_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let binding = (0, vec!["binding".to_owned()]);
+    for (batch, claimed) in [(2, 3), (1, 2)] {
+        let ahead = raw_claim(&mut conn, sql(), batch, "ahead", Some(4)).await;
+        assert_eq!(ahead.unwrap(), binding);
+        assert_eq!(queue.claim(req(3)).await.unwrap().jobs.len(), claimed);
+    }
+    assert_eq!(in_flight(&db).await, 5);
+    db.drop_db().await;
+}
+
+/// Setting max_per_partition starts the queue's counts per slot (`set_limits.sql`), so the
+/// first claim under it goes ahead of the queue's row lock while the limit leaves room: here
+/// two jobs of a partition allowed a hundred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_claim_under_a_new_partition_limit_goes_ahead() {
+    use queue_core::{Admin, QueueLimits};
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = QueueLimits {
+        max_per_partition: Some(100),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ahead = raw_claim(&mut conn, sql, 2, "ahead", Some(4)).await;
+    assert_eq!(ahead.unwrap(), (2, vec![]));
+    let counted: Vec<i64> = sqlx::query_scalar(
+        "SELECT unnest(counted_slots) FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(counted.len(), 128, "a count per slot");
+    assert_eq!(counted.iter().sum::<i64>(), 2, "the claim counted its two");
     db.drop_db().await;
 }
 
@@ -3594,7 +3770,7 @@ async fn a_claim_ahead_counts_the_starts_a_claim_logged_while_it_ran() {
 }
 
 /// A claim ahead claims nothing when the room is not ample for four batches like its own (it
-/// says `binding`) or the queue has limits per partition (it says `partitioned`); the queue
+/// says `binding`) or the queue has a rate per partition (it says `partitioned`); the queue
 /// handle then claims under the lock, within the limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock() {
@@ -3603,14 +3779,18 @@ async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock(
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, QueueLimits::NONE).await;
     let sql = || queue_postgres::testing::claim_ahead_sql(&TableName::default());
     let mut conn = db.pool.acquire().await.unwrap();
-    for (max_in_flight, max_per_partition, batch, expected) in [
-        (Some(11), None, 3, (0, vec!["binding".to_owned()])),
-        (Some(12), None, 3, (3, vec![])),
-        (None, Some(5), 1, (0, vec!["partitioned".to_owned()])),
+    let rate = Some(queue_core::RateLimit::new(100, Duration::from_secs(1)).unwrap());
+    for (max_in_flight, max_per_partition, rate_per_partition, batch, expected) in [
+        (Some(11), None, None, 3, (0, vec!["binding".to_owned()])),
+        (Some(12), None, None, 3, (3, vec![])),
+        // Jobs without a partition key: no limit per partition applies to them.
+        (None, Some(1), None, 3, (3, vec![])),
+        (None, None, rate, 1, (0, vec!["partitioned".to_owned()])),
     ] {
         let limits = QueueLimits {
             max_in_flight,
             max_per_partition,
+            rate_per_partition,
             ..QueueLimits::NONE
         };
         queue.set_limits(limits).await.unwrap();
