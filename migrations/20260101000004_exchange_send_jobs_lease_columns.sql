@@ -93,7 +93,8 @@ ALTER TABLE "exchange_send_jobs_queues"
     ADD COLUMN IF NOT EXISTS counted_jobs bigint NOT NULL DEFAULT 0;
 
 ALTER TABLE "exchange_send_jobs_queues"
-    ADD COLUMN IF NOT EXISTS counted_slots bigint[];
+    ADD COLUMN IF NOT EXISTS counted_slots bigint[],
+    ADD COLUMN IF NOT EXISTS slotted_claims bigint NOT NULL DEFAULT 0;
 
 ALTER TABLE "exchange_send_jobs_queues"
     ALTER COLUMN counted_slots SET STORAGE PLAIN;

@@ -23,18 +23,22 @@
 -- slot). Jobs without a partition key are not limited per partition.
 --
 -- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate and
--- max_per_partition. The check runs on the row as the last claim to hold it committed it (an
+-- max_per_partition (the limits, not the turns: far from the limit the partitions need none,
+-- and the jobs are taken in claim order, as claim_limited.sql's own pick does). The check runs on the row as the last claim to hold it committed it (an
 -- UPDATE reads the newest version of a row it waited for). The queue's jobs in flight are at
 -- most the snapshot's in-flight rows, plus the jobs the claims that committed since put in
 -- flight (the row's counted_jobs since the snapshot's; table migration 20261210000001), plus
 -- this claim's new jobs; the claims that committed since each counted theirs when the row's
 -- claims counter moved as far as counted_claims (a claim of a release without those columns
 -- moves claims alone: then the check fails; so does a change of the limits, set_limits.sql).
--- With max_per_partition every such claim also counted its new jobs (or its picks, which
--- include them) per slot of their partition keys (counted_slots, table migration
--- 20261211000001: running totals of 128 slots, claim_slot.sql), so a partition's jobs in
--- flight are at most its snapshot's in-flight rows plus its slot's total since the snapshot
--- plus this claim's picks of it, which must stay within the limit. The rate counts the row's
+-- With max_per_partition a claim also counts its new jobs (or its picks, which include them)
+-- per slot of their partition keys (counted_slots, table migration 20261211000001: running
+-- totals of 128 slots, claim_slot.sql) and itself in slotted_claims; when the row's claims
+-- counter moved as far as slotted_claims since the snapshot (a claim of a release, or a build,
+-- without the count, or a claim while the queue had no max_per_partition, moves claims alone:
+-- then the check fails), a partition's jobs in flight are at most its snapshot's in-flight rows
+-- plus its slot's total since the snapshot plus this claim's picks of it, which must stay
+-- within the limit. Counts not whole (claim_slots_whole.sql) fail it too. The rate counts the row's
 -- log of starts at
 -- the moment of the check, and logs the claim at it (clock_timestamp read in the update's
 -- WHERE and SET, which run again on the newest version when a claim updated the row while
@@ -56,6 +60,7 @@
 WITH seen AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.counted_claims, c.counted_jobs, c.max_per_partition, c.counted_slots,
+           c.slotted_claims,
            (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
                AS partitioned
     FROM "{{table}}_queues" AS c
@@ -126,11 +131,10 @@ fit AS MATERIALIZED (
                 OR NOT EXISTS (
                        SELECT 1
                        FROM held AS h
-                       WHERE cardinality((SELECT counted_slots FROM seen))
-                                 IS DISTINCT FROM {{flight_slot_count}}
-                          OR h.n + h.picks
-                             + $8::bigint * (SELECT picks FROM slot_picks)[h.slot + 1]
-                             > a.max_per_partition))
+                       WHERE NOT {{seen_slots_whole}}
+                          OR (h.n + h.picks
+                              + $8::bigint * (SELECT picks FROM slot_picks)[h.slot + 1]
+                              > a.max_per_partition) IS NOT FALSE))
                AS ok
     FROM ahead AS a
 ),
@@ -142,11 +146,13 @@ logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
         counted_claims = c.counted_claims + 1,
+        slotted_claims = c.slotted_claims + CASE WHEN c.max_per_partition IS NULL THEN 0 ELSE 1 END,
         counted_jobs = c.counted_jobs + n.new_jobs,
-        -- Computed before the row's lock is waited for (a CTE runs once), the sum in one
-        -- pass of both arrays (a count missing or misshapen starts from the claim's).
+        -- The claim's picks per slot are computed before the row's lock is waited for (a CTE
+        -- runs once), the sum in one pass of both arrays; counts not whole
+        -- (claim_slots_whole.sql) start again from the claim's.
         counted_slots = CASE WHEN c.max_per_partition IS NULL THEN c.counted_slots
-            WHEN cardinality(c.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
+            WHEN NOT {{row_slots_whole}}
             THEN (SELECT picks FROM slot_picks)
             ELSE ARRAY(SELECT a + b FROM unnest(c.counted_slots, (SELECT picks FROM slot_picks))
                                              WITH ORDINALITY AS t(a, b, i)
@@ -172,13 +178,15 @@ logged AS (
            OR a.in_flight + (c.counted_jobs - s.counted_jobs) + n.new_jobs <= c.max_in_flight)
       AND (c.max_per_partition IS NULL
            OR NOT EXISTS (
+                  -- Unknown binds: a count missing fails the check, never passes it.
                   SELECT 1
                   FROM held AS h
-                  WHERE cardinality(s.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
-                     OR cardinality(c.counted_slots) IS DISTINCT FROM {{flight_slot_count}}
-                     OR h.n + h.picks
-                        + (c.counted_slots[h.slot + 1] - s.counted_slots[h.slot + 1])
-                        > c.max_per_partition))
+                  WHERE c.claims - s.claims IS DISTINCT FROM c.slotted_claims - s.slotted_claims
+                     OR NOT {{snapshot_slots_whole}}
+                     OR NOT {{row_slots_whole}}
+                     OR (h.n + h.picks
+                         + (c.counted_slots[h.slot + 1] - s.counted_slots[h.slot + 1])
+                         > c.max_per_partition) IS NOT FALSE))
       AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL
            OR (SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                FROM jsonb_array_elements(c.rate_log) AS e

@@ -42,18 +42,20 @@ logged AS (
         counted_claims = c.counted_claims
                          + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),
-        -- With max_per_partition, the running total per slot goes on (a missing or misshapen
-        -- one starts from zeros: a claim ahead whose snapshot had it so does not use it).
+        -- With max_per_partition, the running total per slot goes on (counts not whole,
+        -- claim_slots_whole.sql, start from zeros: a claim ahead whose snapshot had them so
+        -- does not rely on them), and the claim counts itself as one that counted them.
         counted_slots = CASE WHEN c.max_per_partition IS NULL OR NOT EXISTS (SELECT 1 FROM claimed)
             THEN c.counted_slots
-            ELSE (SELECT array_agg(COALESCE(CASE WHEN cardinality(c.counted_slots)
-                                                      = {{flight_slot_count}}
-                                                 THEN c.counted_slots[i] END, 0)
+            ELSE (SELECT array_agg(CASE WHEN {{row_slots_whole}} THEN c.counted_slots[i] ELSE 0 END
                                    + COALESCE(a.jobs, 0)
                                    ORDER BY i)
                   FROM generate_series(1, {{flight_slot_count}}) AS i
                   LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
         END,
+        slotted_claims = c.slotted_claims
+                         + CASE WHEN c.max_per_partition IS NOT NULL
+                                     AND EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         rate_log = CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.rate_log
             WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb ELSE
             COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e

@@ -62,10 +62,9 @@ SET claims = c.claims
                            WHEN EXCLUDED.partition_slots IS NULL THEN NULL
                            ELSE c.partition_slots END,
     -- Kept (a running total: claims ahead count from their snapshot's), or started at zeros
-    -- where there is none, so that the first claims of the limit can go ahead.
-    counted_slots = CASE WHEN EXCLUDED.max_per_partition IS NOT NULL
-                              AND cardinality(c.counted_slots)
-                                  IS DISTINCT FROM {{flight_slot_count}}
+    -- where it is not whole (claim_slots_whole.sql), so that the first claims of the limit can
+    -- go ahead.
+    counted_slots = CASE WHEN EXCLUDED.max_per_partition IS NOT NULL AND NOT {{row_slots_whole}}
                          THEN EXCLUDED.counted_slots
                          ELSE c.counted_slots END,
     updated_at = now()

@@ -113,7 +113,8 @@ ALTER TABLE "{{table}}_queues"
 -- The jobs the limited claims put in flight per slot of partition keys (table migration
 -- 20261211000001).
 ALTER TABLE "{{table}}_queues"
-    ADD COLUMN IF NOT EXISTS counted_slots bigint[];
+    ADD COLUMN IF NOT EXISTS counted_slots bigint[],
+    ADD COLUMN IF NOT EXISTS slotted_claims bigint NOT NULL DEFAULT 0;
 
 ALTER TABLE "{{table}}_queues"
     ALTER COLUMN counted_slots SET STORAGE PLAIN

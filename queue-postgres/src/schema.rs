@@ -111,7 +111,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 14] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 15] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -126,6 +126,7 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 14] = [
     ("counted_claims", 20261210000001, "claim counts"),
     ("counted_jobs", 20261210000001, "claim counts"),
     ("counted_slots", 20261211000001, "claim slots"),
+    ("slotted_claims", 20261211000001, "claim slots"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].

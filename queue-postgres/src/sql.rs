@@ -47,6 +47,7 @@ pub(crate) const CLAIM_BINDING: Template = template!("claim_binding.sql");
 pub(crate) const CLAIM_RATED: Template = template!("claim_rated.sql");
 pub(crate) const CLAIM_RATED_BEFORE_PICK: Template = template!("claim_rated_before_pick.sql");
 pub(crate) const CLAIM_SLOT: Template = template!("claim_slot.sql");
+pub(crate) const CLAIM_SLOTS_WHOLE: Template = template!("claim_slots_whole.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -470,6 +471,7 @@ impl LimitedEnds {
         };
         let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
         let flight_slot = slot_of("c.partition_key", FLIGHT_SLOTS)?;
+        let row_whole = slots_whole(table, "c.counted_slots")?;
         let logged = for_table_with(
             CLAIM_LOGGED,
             table,
@@ -478,6 +480,7 @@ impl LimitedEnds {
                 ("partition_logs", &partition_logs),
                 ("slot", &slot),
                 ("flight_slot", &flight_slot),
+                ("row_slots_whole", &row_whole),
             ],
         )?;
         Ok(Self {
@@ -570,11 +573,19 @@ fn slot_of(key: &str, slots: u32) -> Result<String, PgError> {
     render(CLAIM_SLOT, &[("key", key), ("slot_mask", &mask)])
 }
 
+/// `claim_slots_whole.sql` for `slots` (an SQL expression of a `counted_slots` value).
+fn slots_whole(table: &TableName, slots: &str) -> Result<String, PgError> {
+    for_table_with(CLAIM_SLOTS_WHOLE, table, &[("slots", slots)])
+}
+
 /// `claim_ahead.sql` for `table`: the claim of a queue without a rate per partition, while its
 /// limits leave ample room, which checks them only at its end (under the queue's row lock).
 pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &AHEAD_PICKS, None)?;
     let flight_slot_held = slot_of("u.key", FLIGHT_SLOTS)?;
+    let seen_whole = slots_whole(table, "(SELECT counted_slots FROM seen)")?;
+    let snapshot_whole = slots_whole(table, "s.counted_slots")?;
+    let row_whole = slots_whole(table, "c.counted_slots")?;
     for_table_with(
         CLAIM_AHEAD,
         table,
@@ -583,6 +594,9 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
             ("claim_picks", &picks),
             ("over", AHEAD_OVER),
             ("flight_slot_held", &flight_slot_held),
+            ("seen_slots_whole", &seen_whole),
+            ("snapshot_slots_whole", &snapshot_whole),
+            ("row_slots_whole", &row_whole),
         ],
     )
 }
@@ -745,7 +759,12 @@ impl Sql {
             claim_ahead: claim_ahead(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
             fold_starts: r(FOLD_STARTS)?,
-            set_limits: r(SET_LIMITS)?,
+            set_limits: for_table_with(
+                SET_LIMITS,
+                table,
+                &[("row_slots_whole", &slots_whole(table, "c.counted_slots")?)],
+            )?
+            .into(),
             finalize: r(FINALIZE)?,
             finalize_claim: finalize_claim(table)?.into(),
             extend_lease: r(EXTEND_LEASE)?,

@@ -3587,10 +3587,12 @@ async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
 /// jobs of partition `a` under the lock and holds the queue's row; a claim ahead of one more
 /// job of `a` (the partition's snapshot shows none in flight: ample room) writes it and waits
 /// for the row at its end. Once the first commits, the second ends: its jobs and markers, or
-/// its error. `a`'s jobs in flight after it.
+/// its error. `a`'s jobs in flight after it. `meanwhile` runs in the first's transaction after
+/// its claim (an edit of the queue's row, say).
 async fn claim_ahead_in_a_partition_after_a_locked_claim(
     db: &TestDb,
     held: i64,
+    meanwhile: Option<&'static str>,
 ) -> (Result<(usize, Vec<String>), sqlx::Error>, i64) {
     use queue_core::Admin;
     let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
@@ -3616,6 +3618,9 @@ async fn claim_ahead_in_a_partition_after_a_locked_claim(
         .await
         .unwrap();
     assert_eq!(first, (held as usize, vec![]));
+    if let Some(sql) = meanwhile {
+        sqlx::query(sql).execute(&mut *holder).await.unwrap();
+    }
     let ahead = spawn_claim_ahead(db, "ahead", 1);
     wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
@@ -3635,7 +3640,15 @@ async fn claim_ahead_in_a_partition_after_a_locked_claim(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_in_its_partition() {
     let db = TestDb::new().await;
-    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 6).await;
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 6, None).await;
+    assert_over_with_one(claim);
+    assert_eq!(a, 6, "the claim ahead was undone");
+    assert_eq!(in_flight(&db).await, 16);
+    db.drop_db().await;
+}
+
+/// Asserts that `claim` is `claim_ahead.sql`'s refusal of its one job over the queue's limits.
+fn assert_over_with_one(claim: Result<(usize, Vec<String>), sqlx::Error>) {
     let err = claim.expect_err("the claim ahead is refused");
     let server = err.as_database_error().expect("the server refused it");
     assert_eq!(server.code().as_deref(), Some("22P02"), "{err}");
@@ -3645,8 +3658,38 @@ async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_in_its_partition() 
             .contains("claim_ahead: over the limits of the queue with 1 jobs"),
         "{err}"
     );
-    assert_eq!(a, 6, "the claim ahead was undone");
-    assert_eq!(in_flight(&db).await, 16);
+}
+
+/// Three of `a` claimed meanwhile (the claim ahead's one would fit), but the queue's count of
+/// `a`'s slot was lost meanwhile (NULL: an edit by hand, a restore): the claim ahead cannot
+/// bound the partition, so it fails, undone, rather than pass on a count it does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_over_counts_per_slot_not_whole_fails() {
+    let db = TestDb::new().await;
+    let lost = "UPDATE queue_jobs_queues
+                SET counted_slots[(hashtextextended('a', 0) & 127)::integer + 1] = NULL
+                WHERE queue = 'default'";
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3, Some(lost)).await;
+    assert_over_with_one(claim);
+    assert_eq!(a, 3, "the claim ahead was undone");
+    db.drop_db().await;
+}
+
+/// Three of `a` claimed meanwhile by a claim that counted its jobs on the queue's row but not
+/// per slot (a build between the two counts; a claim while the queue had no max_per_partition
+/// does the same): the claim ahead cannot bound the partition and fails, undone, although the
+/// room would have held its job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_after_a_claim_not_counted_per_slot_is_over() {
+    let db = TestDb::new().await;
+    let uncounted = "UPDATE queue_jobs_queues
+                     SET slotted_claims = slotted_claims - 1,
+                         counted_slots[(hashtextextended('a', 0) & 127)::integer + 1]
+                             = counted_slots[(hashtextextended('a', 0) & 127)::integer + 1] - 3
+                     WHERE queue = 'default'";
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3, Some(uncounted)).await;
+    assert_over_with_one(claim);
+    assert_eq!(a, 3, "the claim ahead was undone");
     db.drop_db().await;
 }
 
@@ -3656,7 +3699,7 @@ async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_in_its_partition() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_within_its_partitions_limit_commits_beside_a_locked_claim() {
     let db = TestDb::new().await;
-    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3).await;
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3, None).await;
     assert_eq!(claim.unwrap(), (1, vec![]));
     assert_eq!(a, 4);
     assert_eq!(in_flight(&db).await, 14);
@@ -3664,11 +3707,10 @@ async fn a_claim_ahead_within_its_partitions_limit_commits_beside_a_locked_claim
 }
 
 /// Under max_per_partition (five), a claim ahead of jobs of one partition goes ahead only
-/// while the queue's jobs in flight leave room for four more claims like it, or the
-/// partition's jobs in flight and its picks leave room for four more claims like it in the
-/// partition's slot, counted on the queue's row: with none in flight, a claim of two, and with
-/// three in flight, a claim of one, it claims nothing and says `binding`; the handle claims
-/// under the lock, within the limit.
+/// while the partition's jobs in flight and its picks leave room for four more claims like it
+/// in the partition's slot: with none in flight, a claim of two, and with three in flight, a
+/// claim of one, it claims nothing and says `binding`; the handle claims under the lock,
+/// within the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_leaves_a_partition_near_its_limit_to_the_lock() {
     use queue_core::{Admin, QueueLimits};

@@ -3,7 +3,8 @@
 -- while others committed bounds each partition's jobs in flight without claiming again under
 -- the lock.
 ALTER TABLE "receipt_jobs_queues"
-    ADD COLUMN IF NOT EXISTS counted_slots bigint[];
+    ADD COLUMN IF NOT EXISTS counted_slots bigint[],
+    ADD COLUMN IF NOT EXISTS slotted_claims bigint NOT NULL DEFAULT 0;
 
 ALTER TABLE "receipt_jobs_queues"
     ALTER COLUMN counted_slots SET STORAGE PLAIN;
