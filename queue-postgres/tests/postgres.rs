@@ -3440,6 +3440,51 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
     assert_eq!(reruns, [DebugValue::Counter(1)]);
 }
 
+/// A claim under the lock whose snapshot went stale while it waited for the queue's row (a
+/// queue with a rate per partition, whose claims never go ahead): a claim that held the row
+/// committed meanwhile, so the handle's statement claims nothing and the handle claims again
+/// after the lock, in the same call. That counts once as a claim run again
+/// (`queue_limited_claims_rerun_total`), recorded by this thread's recorder, and the call still
+/// takes its three jobs.
+#[tokio::test(flavor = "current_thread")]
+async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(
+            queue_core::RateLimit::new(1000, Duration::from_secs(60)).unwrap(),
+        ),
+        ..queue_core::QueueLimits::NONE
+    };
+    let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    let mut holder = db.pool.begin().await.unwrap();
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let first = raw_claim(&mut holder, locked, 2, "first", None)
+        .await
+        .unwrap();
+    assert_eq!(first, (2, vec![]));
+    let claiming = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
+    };
+    wait_for_a_lock_wait(&db, "the handle's claim never waited for the queue's row").await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 3);
+    assert_eq!(in_flight(&db).await, 5);
+    let reruns: Vec<DebugValue> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == queue_core::metrics::LIMITED_CLAIMS_RERUN)
+        .map(|(.., value)| value)
+        .collect();
+    assert_eq!(reruns, [DebugValue::Counter(1)]);
+    db.drop_db().await;
+}
+
 /// A claim ahead whose connection is killed while it waits for the queue's row, its jobs
 /// written: the handle's claim fails (a transient error), nothing it wrote stays (no job in
 /// flight, none counted on the row), and a claim after it takes its jobs.
