@@ -3337,17 +3337,38 @@ async fn claim_ahead_after_a_locked_claim(
     meanwhile: Option<&'static str>,
 ) -> Result<(usize, Vec<String>), sqlx::Error> {
     twenty_jobs_under::<queue_postgres::Sqlx>(db, limits).await;
-    let table = TableName::default();
+    claim_ahead_behind_a_locked_claim(db, held, meanwhile, 3).await
+}
+
+/// A transaction that claimed `held` jobs of the default queue with `claim_limited.sql` and
+/// holds the queue's row, as a claim under the lock does until it commits.
+async fn holding_the_row_after_claiming(
+    db: &TestDb,
+    held: i64,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut holder = db.pool.begin().await.unwrap();
-    let locked = queue_postgres::testing::claim_limited_sql(&table);
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
     let first = raw_claim(&mut holder, locked, held, "first", None)
         .await
         .unwrap();
     assert_eq!(first, (held as usize, vec![]));
+    holder
+}
+
+/// A transaction claims `held` jobs of the default queue with `claim_limited.sql`, holds the
+/// queue's row and runs `meanwhile`; a claim ahead of `batch` waits for the row at its end. Once
+/// the first commits, the second ends: its jobs and markers, or its error.
+async fn claim_ahead_behind_a_locked_claim(
+    db: &TestDb,
+    held: i64,
+    meanwhile: Option<&'static str>,
+    batch: i64,
+) -> Result<(usize, Vec<String>), sqlx::Error> {
+    let mut holder = holding_the_row_after_claiming(db, held).await;
     if let Some(sql) = meanwhile {
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
-    let ahead = spawn_claim_ahead(db, "ahead", 3);
+    let ahead = spawn_claim_ahead(db, "ahead", batch);
     wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
     ahead.await.unwrap()
@@ -3373,6 +3394,46 @@ async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_while_it_ran() {
     db.drop_db().await;
 }
 
+/// A transaction claims `held` jobs of the default queue with `claim_limited.sql` and holds the
+/// queue's row; the handle's claim of three, spawned, waits for that row. Returns both: commit
+/// the first to let the second end.
+async fn a_claim_of_three_behind_a_locked_claim<D: TestDriver>(
+    db: &TestDb,
+    queue: &PostgresQueue<D>,
+    held: i64,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<usize>,
+) {
+    let holder = holding_the_row_after_claiming(db, held).await;
+    let claiming = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
+    };
+    wait_for_a_lock_wait(db, "the handle's claim never waited for the queue's row").await;
+    (holder, claiming)
+}
+
+/// The values `queue_limited_claims_rerun_total` took for the default queue in `snapshotter`'s
+/// recorder.
+fn reruns_of_the_default_queue(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> Vec<metrics_util::debugging::DebugValue> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == queue_core::metrics::LIMITED_CLAIMS_RERUN
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == queue_core::metrics::QUEUE_LABEL && l.value() == "default")
+        })
+        .map(|(.., value)| value)
+        .collect()
+}
+
 /// Through a queue handle, on either driver: its claim goes ahead (thirteen allowed, nothing in
 /// flight in its snapshot), meets at its end the eleven jobs a claim put in flight while it
 /// ran, fails, undone, and claims again under the lock in the same call: the two left.
@@ -3383,17 +3444,7 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<D>(&db, limits).await;
-    let mut holder = db.pool.begin().await.unwrap();
-    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let first = raw_claim(&mut holder, locked, 11, "first", None)
-        .await
-        .unwrap();
-    assert_eq!(first, (11, vec![]));
-    let claiming = {
-        let queue = queue.clone();
-        tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
-    };
-    wait_for_a_lock_wait(&db, "the handle's claim never waited for the queue's row").await;
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 11).await;
     // Its jobs are written before it waits, as only a claim ahead's are: the rows it holds.
     let held: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
@@ -3424,20 +3475,10 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
     let _local = metrics::set_default_local_recorder(&recorder);
     a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock::<queue_postgres::Sqlx>()
         .await;
-    let reruns: Vec<DebugValue> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| {
-            key.key().name() == queue_core::metrics::LIMITED_CLAIMS_RERUN
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == queue_core::metrics::QUEUE_LABEL && l.value() == "default")
-        })
-        .map(|(.., value)| value)
-        .collect();
-    assert_eq!(reruns, [DebugValue::Counter(1)]);
+    assert_eq!(
+        reruns_of_the_default_queue(&snapshotter),
+        [DebugValue::Counter(1)]
+    );
 }
 
 /// A claim under the lock whose snapshot went stale while it waited for the queue's row (a
@@ -3460,28 +3501,14 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
-    let mut holder = db.pool.begin().await.unwrap();
-    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let first = raw_claim(&mut holder, locked, 2, "first", None)
-        .await
-        .unwrap();
-    assert_eq!(first, (2, vec![]));
-    let claiming = {
-        let queue = queue.clone();
-        tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
-    };
-    wait_for_a_lock_wait(&db, "the handle's claim never waited for the queue's row").await;
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
     holder.commit().await.unwrap();
     assert_eq!(claiming.await.unwrap(), 3);
     assert_eq!(in_flight(&db).await, 5);
-    let reruns: Vec<DebugValue> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == queue_core::metrics::LIMITED_CLAIMS_RERUN)
-        .map(|(.., value)| value)
-        .collect();
-    assert_eq!(reruns, [DebugValue::Counter(1)]);
+    assert_eq!(
+        reruns_of_the_default_queue(&snapshotter),
+        [DebugValue::Counter(1)]
+    );
     db.drop_db().await;
 }
 
@@ -3654,22 +3681,11 @@ async fn claim_ahead_in_a_partition_after_a_locked_claim(
     let table = TableName::default();
     let locked = queue_postgres::testing::claim_limited_sql(&table);
     let mut conn = db.pool.acquire().await.unwrap();
-    let others = raw_claim(&mut conn, locked.clone(), 10, "others", None)
+    let others = raw_claim(&mut conn, locked, 10, "others", None)
         .await
         .unwrap();
     assert_eq!(others, (10, vec![]), "one job of each other partition");
-    let mut holder = db.pool.begin().await.unwrap();
-    let first = raw_claim(&mut holder, locked, held, "first", None)
-        .await
-        .unwrap();
-    assert_eq!(first, (held as usize, vec![]));
-    if let Some(sql) = meanwhile {
-        sqlx::query(sql).execute(&mut *holder).await.unwrap();
-    }
-    let ahead = spawn_claim_ahead(db, "ahead", 1);
-    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
-    holder.commit().await.unwrap();
-    let claim = ahead.await.unwrap();
+    let claim = claim_ahead_behind_a_locked_claim(db, held, meanwhile, 1).await;
     let a: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight' AND partition_key = 'a'",
     )
@@ -3714,10 +3730,16 @@ async fn a_claim_ahead_over_counts_per_slot_not_whole_fails() {
     let lost = "UPDATE queue_jobs_queues
                 SET counted_slots[(hashtextextended('a', 0) & 127)::integer + 1] = NULL
                 WHERE queue = 'default'";
-    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3, Some(lost)).await;
+    over_after_three_of_a_and(&db, lost).await;
+    db.drop_db().await;
+}
+
+/// Three of `a` claimed by a locked claim that runs `meanwhile` before it commits: the claim
+/// ahead of one more fails, and nothing it wrote stays.
+async fn over_after_three_of_a_and(db: &TestDb, meanwhile: &'static str) {
+    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(db, 3, Some(meanwhile)).await;
     assert_over_with_one(claim);
     assert_eq!(a, 3, "the claim ahead was undone");
-    db.drop_db().await;
 }
 
 /// Three of `a` claimed meanwhile by a claim that counted its jobs on the queue's row but not
@@ -3732,9 +3754,7 @@ async fn a_claim_ahead_after_a_claim_not_counted_per_slot_is_over() {
                          counted_slots[(hashtextextended('a', 0) & 127)::integer + 1]
                              = counted_slots[(hashtextextended('a', 0) & 127)::integer + 1] - 3
                      WHERE queue = 'default'";
-    let (claim, a) = claim_ahead_in_a_partition_after_a_locked_claim(&db, 3, Some(uncounted)).await;
-    assert_over_with_one(claim);
-    assert_eq!(a, 3, "the claim ahead was undone");
+    over_after_three_of_a_and(&db, uncounted).await;
     db.drop_db().await;
 }
 
@@ -3751,6 +3771,24 @@ async fn a_claim_ahead_within_its_partitions_limit_commits_beside_a_locked_claim
     db.drop_db().await;
 }
 
+/// A handle on a fresh database's default queue with eight jobs of partition `a`, under
+/// `max_per_partition`.
+async fn eight_jobs_of_a_under(
+    db: &TestDb,
+    max_per_partition: u32,
+) -> PostgresQueue<queue_postgres::Sqlx> {
+    use queue_core::Admin;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(max_per_partition),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    queue
+}
+
 /// Under max_per_partition (five), a claim ahead of jobs of one partition goes ahead only
 /// while the partition's jobs in flight and its picks leave room for four more claims like it
 /// in the partition's slot: with none in flight, a claim of two, and with three in flight, a
@@ -3758,16 +3796,8 @@ async fn a_claim_ahead_within_its_partitions_limit_commits_beside_a_locked_claim
 /// within the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_leaves_a_partition_near_its_limit_to_the_lock() {
-    use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
-    queue.enqueue_many(jobs.collect()).await.unwrap();
-    let limits = QueueLimits {
-        max_per_partition: Some(5),
-        ..QueueLimits::NONE
-    };
-    queue.set_limits(limits).await.unwrap();
+    let queue = eight_jobs_of_a_under(&db, 5).await;
     let sql = || queue_postgres::testing::claim_ahead_sql(&TableName::default());
     let mut conn = db.pool.acquire().await.unwrap();
     let binding = (0, vec!["binding".to_owned()]);
@@ -3785,16 +3815,8 @@ async fn a_claim_ahead_leaves_a_partition_near_its_limit_to_the_lock() {
 /// two jobs of a partition allowed a hundred.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_claim_under_a_new_partition_limit_goes_ahead() {
-    use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
-    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
-    queue.enqueue_many(jobs.collect()).await.unwrap();
-    let limits = QueueLimits {
-        max_per_partition: Some(100),
-        ..QueueLimits::NONE
-    };
-    queue.set_limits(limits).await.unwrap();
+    eight_jobs_of_a_under(&db, 100).await;
     let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
     let mut conn = db.pool.acquire().await.unwrap();
     let ahead = raw_claim(&mut conn, sql, 2, "ahead", Some(4)).await;
