@@ -38,7 +38,10 @@
 -- without the count, or a claim while the queue had no max_per_partition, moves claims alone:
 -- then the check fails), a partition's jobs in flight are at most its snapshot's in-flight rows
 -- plus its slot's total since the snapshot plus this claim's picks of it, which must stay
--- within the limit. Counts not whole (claim_slots_whole.sql) fail it too. The rate counts the row's
+-- within the limit. Counts not whole (claim_slots_whole.sql) fail it too, and so does a claim
+-- that started them again since the snapshot (it does not move slotted_claims; set_limits.sql
+-- moves claims when it does). The counts are trusted as the claims write them: a row put back
+-- from an older backup while claims run is not detected. The rate counts the row's
 -- log of starts at
 -- the moment of the check, and logs the claim at it (clock_timestamp read in the update's
 -- WHERE and SET, which run again on the newest version when a claim updated the row while
@@ -146,7 +149,10 @@ logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
         counted_claims = c.counted_claims + 1,
-        slotted_claims = c.slotted_claims + CASE WHEN c.max_per_partition IS NULL THEN 0 ELSE 1 END,
+        -- A claim that starts the counts again (not whole) is not one that counted in them.
+        slotted_claims = c.slotted_claims
+                         + CASE WHEN c.max_per_partition IS NOT NULL AND {{row_slots_whole}}
+                                THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + n.new_jobs,
         -- The claim's picks per slot are computed before the row's lock is waited for (a CTE
         -- runs once), the sum in one pass of both arrays; counts not whole

@@ -42,20 +42,24 @@ logged AS (
         counted_claims = c.counted_claims
                          + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),
-        -- With max_per_partition, the running total per slot goes on (counts not whole,
-        -- claim_slots_whole.sql, start from zeros: a claim ahead whose snapshot had them so
-        -- does not rely on them), and the claim counts itself as one that counted them.
+        -- With max_per_partition, the running total per slot goes on, and the claim counts
+        -- itself as one that counted in it. Counts not whole (claim_slots_whole.sql) start
+        -- again from the claim's own, and that claim is not counted in slotted_claims: a claim
+        -- ahead whose snapshot holds the old counts must not subtract them from the new.
         counted_slots = CASE WHEN c.max_per_partition IS NULL OR NOT EXISTS (SELECT 1 FROM claimed)
             THEN c.counted_slots
-            ELSE (SELECT array_agg(CASE WHEN {{row_slots_whole}} THEN c.counted_slots[i] ELSE 0 END
-                                   + COALESCE(a.jobs, 0)
-                                   ORDER BY i)
+            WHEN {{row_slots_whole}}
+            THEN (SELECT array_agg(c.counted_slots[i] + COALESCE(a.jobs, 0) ORDER BY i)
+                  FROM generate_series(1, {{flight_slot_count}}) AS i
+                  LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
+            ELSE (SELECT array_agg(COALESCE(a.jobs, 0)::bigint ORDER BY i)
                   FROM generate_series(1, {{flight_slot_count}}) AS i
                   LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
         END,
         slotted_claims = c.slotted_claims
                          + CASE WHEN c.max_per_partition IS NOT NULL
-                                     AND EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
+                                     AND EXISTS (SELECT 1 FROM claimed)
+                                     AND {{row_slots_whole}} THEN 1 ELSE 0 END,
         rate_log = CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.rate_log
             WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb ELSE
             COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e

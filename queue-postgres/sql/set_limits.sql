@@ -12,7 +12,8 @@
 -- a change of its starts keeps the tally, and a change of its window makes the next claim start
 -- it again. Runs in the transaction of lock_queue.sql, after it, so that its snapshot sees
 -- every claim that held the queue's row before (the logs it deletes include theirs). A change
--- moves the claims counter (not counted_claims; limits set as they were move nothing): a claim
+-- moves the claims counter (not counted_claims; limits set as they were move nothing, unless
+-- they start the counts per slot again, claim_slots_whole.sql): a claim
 -- ahead (claim_ahead.sql) whose snapshot predates it then fails its check, since claims made
 -- while the queue had other limits, or none, may not have counted their jobs on the row.
 WITH forgotten AS (
@@ -46,6 +47,9 @@ SET claims = c.claims
                          (EXCLUDED.max_in_flight, EXCLUDED.rate_starts, EXCLUDED.rate_per_ms,
                           EXCLUDED.max_per_partition, EXCLUDED.partition_rate_starts,
                           EXCLUDED.partition_rate_per_ms)
+                         -- Counts per slot started again (below): a claim ahead whose snapshot
+                         -- holds the old ones must fail.
+                         OR (EXCLUDED.max_per_partition IS NOT NULL AND NOT {{row_slots_whole}})
                     THEN 1 ELSE 0 END,
     max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,

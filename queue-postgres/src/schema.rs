@@ -196,7 +196,10 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
             "the table {table}_queues (queue pauses, table migration 20261202000001)"
         ));
     } else {
-        for version in [20261205000001, 20261206000001, 20261207000001] {
+        // Every migration that adds columns the limited claims read, in order (each once).
+        let mut versions: Vec<i64> = CONTROLS_LIMITS_COLUMNS.iter().map(|(_, v, _)| *v).collect();
+        versions.dedup();
+        for version in versions {
             let absent: Vec<&str> = CONTROLS_LIMITS_COLUMNS
                 .into_iter()
                 .filter(|(name, v, _)| {
@@ -372,6 +375,48 @@ mod tests {
             text.contains("the table queue_jobs_claim_starts") && text.contains("20261208000001"),
             "{text}"
         );
+    }
+
+    /// Every migration that adds columns of `<table>_queues` the limited claims read is
+    /// checked, the latest too: a table without one's columns is named with that migration.
+    #[test]
+    fn the_schema_check_names_each_migration_of_the_controls_columns() {
+        let table = TableName::default();
+        let complete = TableFacts {
+            columns: COLUMNS
+                .iter()
+                .map(|(name, ty)| (name.to_string(), ty.to_string()))
+                .collect(),
+            indexes: required_index_suffixes()
+                .map(|suffix| format!("queue_jobs_{suffix}"))
+                .collect(),
+            invalid_indexes: vec![],
+            has_controls_table: true,
+            controls_columns: CONTROLS_LIMITS_COLUMNS
+                .iter()
+                .map(|(name, _, _)| name.to_string())
+                .chain(["queue".to_owned(), "paused_at".to_owned()])
+                .collect(),
+            has_schedules_table: true,
+            has_partition_starts_table: true,
+            has_claim_starts_table: true,
+            id_has_sequence: true,
+        };
+        evaluate_schema(&table, &complete).expect("every column");
+        for (column, version) in [
+            ("partition_tally", 20261208000001_i64),
+            ("counted_jobs", 20261210000001),
+            ("slotted_claims", 20261211000001),
+        ] {
+            let mut facts = complete.clone();
+            facts.controls_columns.retain(|name| name != column);
+            let text = evaluate_schema(&table, &facts).unwrap_err().to_string();
+            assert!(
+                text.contains(&format!("columns {column} of queue_jobs_queues"))
+                    && text.contains(&version.to_string()),
+                "{text}"
+            );
+        }
     }
 
     /// No statement needs `<table>_lease_idx` any more (the claim's expired pick reads the expiry

@@ -3742,6 +3742,51 @@ async fn over_after_three_of_a_and(db: &TestDb, meanwhile: &'static str) {
     assert_eq!(a, 3, "the claim ahead was undone");
 }
 
+/// The count of `a`'s slot was lost (NULL) and a claim under the lock started the counts again
+/// from its own six of `a` while a claim ahead of one more ran, whose snapshot held the old
+/// counts (six of `a` claimed and completed before): the new count minus the old would say no
+/// job of the slot went in flight since. The claim that started the counts again did not count
+/// as one that counted in them (`slotted_claims`), so the claim ahead fails, undone, and `a`
+/// stays at its limit of six.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_across_counts_started_again_is_over() {
+    use queue_core::Admin;
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let jobs = (0..14).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(6),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let locked = || queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let earlier = raw_claim(&mut conn, locked(), 6, "earlier", None).await;
+    assert_eq!(earlier.unwrap(), (6, vec![]));
+    sqlx::query("UPDATE queue_jobs SET status = 'completed' WHERE status = 'in_flight'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs_queues
+         SET counted_slots[(hashtextextended('a', 0) & 127)::integer + 1] = NULL
+         WHERE queue = 'default'",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let ahead = spawn_claim_ahead(&db, "ahead", 1);
+    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    let first = raw_claim(&mut holder, locked(), 6, "first", None).await;
+    assert_eq!(first.unwrap(), (6, vec![]));
+    holder.commit().await.unwrap();
+    assert_over_with_one(ahead.await.unwrap());
+    assert_eq!(in_flight(&db).await, 6, "the claim ahead was undone");
+    db.drop_db().await;
+}
+
 /// Three of `a` claimed meanwhile by a claim that counted its jobs on the queue's row but not
 /// per slot (a build between the two counts; a claim while the queue had no max_per_partition
 /// does the same): the claim ahead cannot bound the partition and fails, undone, although the
