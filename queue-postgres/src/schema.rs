@@ -377,19 +377,14 @@ mod tests {
         );
     }
 
-    /// Every migration that adds columns of `<table>_queues` the limited claims read is
-    /// checked, the latest too: a table without one's columns is named with that migration.
-    #[test]
-    fn the_schema_check_names_each_migration_of_the_controls_columns() {
-        let table = TableName::default();
-        let complete = TableFacts {
+    /// The facts of a standard table with every column and table of the schema, and `indexes`.
+    fn with_every_column(indexes: Vec<String>) -> TableFacts {
+        TableFacts {
             columns: COLUMNS
                 .iter()
                 .map(|(name, ty)| (name.to_string(), ty.to_string()))
                 .collect(),
-            indexes: required_index_suffixes()
-                .map(|suffix| format!("queue_jobs_{suffix}"))
-                .collect(),
+            indexes,
             invalid_indexes: vec![],
             has_controls_table: true,
             controls_columns: CONTROLS_LIMITS_COLUMNS
@@ -401,7 +396,19 @@ mod tests {
             has_partition_starts_table: true,
             has_claim_starts_table: true,
             id_has_sequence: true,
-        };
+        }
+    }
+
+    /// Every migration that adds columns of `<table>_queues` the limited claims read is
+    /// checked, the latest too: a table without one's columns is named with that migration.
+    #[test]
+    fn the_schema_check_names_each_migration_of_the_controls_columns() {
+        let table = TableName::default();
+        let complete = with_every_column(
+            required_index_suffixes()
+                .map(|suffix| format!("queue_jobs_{suffix}"))
+                .collect(),
+        );
         evaluate_schema(&table, &complete).expect("every column");
         for (column, version) in [
             ("partition_tally", 20261208000001_i64),
@@ -424,36 +431,23 @@ mod tests {
     #[test]
     fn the_lease_index_is_no_longer_required() {
         let table = TableName::default();
-        let complete = |extra: &[&str]| TableFacts {
-            columns: COLUMNS
+        let complete = |extra: &[&str]| {
+            with_every_column(
+                // What the table has once the lease index is dropped, named here rather than
+                // derived from the check's own list.
+                [
+                    "queue_jobs_due_idx",
+                    "queue_jobs_expiry_idx",
+                    "queue_jobs_unique_idx",
+                    "queue_jobs_finished_idx",
+                    "queue_jobs_failed_idx",
+                    "queue_jobs_partition_idx",
+                ]
                 .iter()
-                .map(|(name, ty)| (name.to_string(), ty.to_string()))
+                .chain(extra)
+                .map(|name| name.to_string())
                 .collect(),
-            // What the table has once the lease index is dropped, named here rather than
-            // derived from the check's own list.
-            indexes: [
-                "queue_jobs_due_idx",
-                "queue_jobs_expiry_idx",
-                "queue_jobs_unique_idx",
-                "queue_jobs_finished_idx",
-                "queue_jobs_failed_idx",
-                "queue_jobs_partition_idx",
-            ]
-            .iter()
-            .chain(extra)
-            .map(|name| name.to_string())
-            .collect(),
-            invalid_indexes: vec![],
-            has_controls_table: true,
-            controls_columns: CONTROLS_LIMITS_COLUMNS
-                .iter()
-                .map(|(name, _, _)| name.to_string())
-                .chain(["queue".to_owned(), "paused_at".to_owned()])
-                .collect(),
-            has_schedules_table: true,
-            has_partition_starts_table: true,
-            has_claim_starts_table: true,
-            id_has_sequence: true,
+            )
         };
         evaluate_schema(&table, &complete(&[])).expect("a table without the lease index");
         evaluate_schema(&table, &complete(&["queue_jobs_lease_idx"]))
