@@ -149,21 +149,8 @@ logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
         counted_claims = c.counted_claims + 1,
-        -- A claim that starts the counts again (not whole) is not one that counted in them.
-        slotted_claims = c.slotted_claims
-                         + CASE WHEN c.max_per_partition IS NOT NULL AND {{row_slots_whole}}
-                                THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + n.new_jobs,
-        -- The claim's picks per slot are computed before the row's lock is waited for (a CTE
-        -- runs once), the sum in one pass of both arrays; counts not whole
-        -- (claim_slots_whole.sql) start again from the claim's.
-        counted_slots = CASE WHEN c.max_per_partition IS NULL THEN c.counted_slots
-            WHEN NOT {{row_slots_whole}}
-            THEN (SELECT picks FROM slot_picks)
-            ELSE ARRAY(SELECT a + b FROM unnest(c.counted_slots, (SELECT picks FROM slot_picks))
-                                             WITH ORDINALITY AS t(a, b, i)
-                       ORDER BY i)
-        END,
+        {{count_slots}},
         rate_log = CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb
             ELSE COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
                            WHERE (e ->> 0)::float8

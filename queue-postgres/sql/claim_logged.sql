@@ -29,12 +29,14 @@ slot_claims AS (
 ),
 flight_claims AS (
     -- The claim's new partitioned jobs (takeovers were in flight already) per slot of the
-    -- counts of jobs put in flight (claim_slot.sql, counted_slots: read only with
-    -- max_per_partition).
-    SELECT {{flight_slot}} AS slot, count(*) AS jobs
-    FROM claimed AS c
-    WHERE NOT c.taken_over AND c.partition_key IS NOT NULL
-    GROUP BY 1
+    -- counts of jobs put in flight, all slots in order (claim_slot.sql, counted_slots: read
+    -- only with max_per_partition).
+    SELECT array_agg(COALESCE(k.jobs, 0)::bigint ORDER BY i) AS jobs
+    FROM generate_series(1, {{flight_slot_count}}) AS i
+    LEFT JOIN (SELECT {{flight_slot}} AS slot, count(*) AS jobs
+               FROM claimed AS c
+               WHERE NOT c.taken_over AND c.partition_key IS NOT NULL
+               GROUP BY 1) AS k ON k.slot + 1 = i
 ),
 logged AS (
     UPDATE "{{table}}_queues" AS c
@@ -42,24 +44,7 @@ logged AS (
         counted_claims = c.counted_claims
                          + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),
-        -- With max_per_partition, the running total per slot goes on, and the claim counts
-        -- itself as one that counted in it. Counts not whole (claim_slots_whole.sql) start
-        -- again from the claim's own, and that claim is not counted in slotted_claims: a claim
-        -- ahead whose snapshot holds the old counts must not subtract them from the new.
-        counted_slots = CASE WHEN c.max_per_partition IS NULL OR NOT EXISTS (SELECT 1 FROM claimed)
-            THEN c.counted_slots
-            WHEN {{row_slots_whole}}
-            THEN (SELECT array_agg(c.counted_slots[i] + COALESCE(a.jobs, 0) ORDER BY i)
-                  FROM generate_series(1, {{flight_slot_count}}) AS i
-                  LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
-            ELSE (SELECT array_agg(COALESCE(a.jobs, 0)::bigint ORDER BY i)
-                  FROM generate_series(1, {{flight_slot_count}}) AS i
-                  LEFT JOIN flight_claims AS a ON a.slot + 1 = i)
-        END,
-        slotted_claims = c.slotted_claims
-                         + CASE WHEN c.max_per_partition IS NOT NULL
-                                     AND EXISTS (SELECT 1 FROM claimed)
-                                     AND {{row_slots_whole}} THEN 1 ELSE 0 END,
+        {{count_slots}},
         rate_log = CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.rate_log
             WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb ELSE
             COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e

@@ -48,6 +48,7 @@ pub(crate) const CLAIM_RATED: Template = template!("claim_rated.sql");
 pub(crate) const CLAIM_RATED_BEFORE_PICK: Template = template!("claim_rated_before_pick.sql");
 pub(crate) const CLAIM_SLOT: Template = template!("claim_slot.sql");
 pub(crate) const CLAIM_SLOTS_WHOLE: Template = template!("claim_slots_whole.sql");
+pub(crate) const CLAIM_COUNT_SLOTS: Template = template!("claim_count_slots.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -471,7 +472,11 @@ impl LimitedEnds {
         };
         let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
         let flight_slot = slot_of("c.partition_key", FLIGHT_SLOTS)?;
-        let row_whole = slots_whole(table, "c.counted_slots")?;
+        let counted = count_slots(
+            table,
+            "(SELECT jobs FROM flight_claims)",
+            "EXISTS (SELECT 1 FROM claimed)",
+        )?;
         let logged = for_table_with(
             CLAIM_LOGGED,
             table,
@@ -480,7 +485,7 @@ impl LimitedEnds {
                 ("partition_logs", &partition_logs),
                 ("slot", &slot),
                 ("flight_slot", &flight_slot),
-                ("row_slots_whole", &row_whole),
+                ("count_slots", &counted),
             ],
         )?;
         Ok(Self {
@@ -578,6 +583,21 @@ fn slots_whole(table: &TableName, slots: &str) -> Result<String, PgError> {
     for_table_with(CLAIM_SLOTS_WHOLE, table, &[("slots", slots)])
 }
 
+/// `claim_count_slots.sql` for a claim whose jobs per slot are `added` and which counts when
+/// `counts` holds (SQL expressions).
+fn count_slots(table: &TableName, added: &str, counts: &str) -> Result<String, PgError> {
+    let row_whole = slots_whole(table, "c.counted_slots")?;
+    for_table_with(
+        CLAIM_COUNT_SLOTS,
+        table,
+        &[
+            ("added", added),
+            ("counts", counts),
+            ("row_slots_whole", &row_whole),
+        ],
+    )
+}
+
 /// `claim_ahead.sql` for `table`: the claim of a queue without a rate per partition, while its
 /// limits leave ample room, which checks them only at its end (under the queue's row lock).
 pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
@@ -586,6 +606,7 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let seen_whole = slots_whole(table, "(SELECT counted_slots FROM seen)")?;
     let snapshot_whole = slots_whole(table, "s.counted_slots")?;
     let row_whole = slots_whole(table, "c.counted_slots")?;
+    let counted = count_slots(table, "(SELECT picks FROM slot_picks)", "true")?;
     for_table_with(
         CLAIM_AHEAD,
         table,
@@ -597,6 +618,7 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
             ("seen_slots_whole", &seen_whole),
             ("snapshot_slots_whole", &snapshot_whole),
             ("row_slots_whole", &row_whole),
+            ("count_slots", &counted),
         ],
     )
 }
