@@ -39,8 +39,9 @@ pub struct WorkerStats {
 }
 
 impl WorkerStats {
-    /// Outcomes written or fenced: every claimed job ends up counted here exactly once (unless
-    /// its finalize failed for good).
+    /// Outcomes written or fenced: every claimed job ends up counted here exactly once (a
+    /// finalize that failed for good counts in `finalize_errors`, a job ended `dead` in
+    /// `dead`).
     pub fn finished(&self) -> u64 {
         self.completed
             + self.retried
@@ -49,6 +50,7 @@ impl WorkerStats {
             + self.released
             + self.snoozed
             + self.stale
+            + self.dead
             + self.finalize_errors
             + self.unknown
     }
@@ -82,4 +84,33 @@ pub struct ShutdownReport {
     pub aborted: u64,
     /// The worker's counters at the end, every outcome of the shutdown included.
     pub stats: WorkerStats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::RunAt;
+
+    /// Each outcome a worker can write counts once among the finished: the dispatcher's
+    /// wake-up after a short claim and the waits on `finished()` rely on it.
+    #[test]
+    fn every_outcome_counts_once_among_the_finished() {
+        let at = RunAt::Now;
+        let actions = [
+            Finalize::Complete,
+            Finalize::Retry { at, error: "e".into() },
+            Finalize::Fail { error: "e".into() },
+            Finalize::Cancel { reason: "r".into() },
+            Finalize::Release,
+            Finalize::Snooze { at },
+            Finalize::Dead { reason: "r".into() },
+        ];
+        let mut stats = WorkerStats::default();
+        for (n, action) in actions.iter().enumerate() {
+            stats.record(action, FinalizeOutcome::Applied);
+            assert_eq!(stats.finished(), n as u64 + 1, "{action:?} applied");
+        }
+        stats.record(&Finalize::Complete, FinalizeOutcome::Stale);
+        assert_eq!(stats.finished(), actions.len() as u64 + 1, "a stale write");
+    }
 }
