@@ -10,6 +10,9 @@
 //! Per run, on a fresh scratch database (a PostgreSQL database, or a SQLite file in the
 //! temporary directory): enqueue `--jobs` noop jobs in batches of 1000 (timed), then drain them
 //! with one worker of concurrency `--workers` until SQL confirms every job completed (timed).
+//! A drain that cannot get there (a job ended failed, dead or cancelled, or the drain took over
+//! `--drain-timeout-secs`, 600 by default) ends the bench with status 1 and the jobs' counts by
+//! state, its scratch database dropped.
 //! Then the latency phase: an idle worker woken by `LISTEN` (on SQLite, by the enqueue in the
 //! same process), `--latency-jobs` enqueued one at a time at `--rate` per second; the time from
 //! each enqueue call to its handler starting. Medians over the runs. The last line:
@@ -289,6 +292,10 @@ struct Options {
     /// connection is open.
     #[arg(long)]
     sqlx_ping_on_acquire: bool,
+    /// Give up on a drain that has not completed every job after this many seconds: the bench
+    /// then names what the jobs' states are and exits with status 1.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    drain_timeout_secs: u64,
 }
 
 fn parse_rate(value: &str) -> Result<queue_core::RateLimit, String> {
@@ -342,8 +349,51 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-async fn completed<B: Backend>(queue: &B) -> u64 {
-    queue.counts().await.expect("counts").completed
+/// Waits until the workers have completed `jobs` jobs and the database agrees. Fails, naming
+/// the jobs' states, when a job ended otherwise (the noop handler never fails, but a job whose
+/// lease was taken over too often ends `dead`) or when `deadline` passes first: without it, a
+/// drain short of a job would wait forever.
+async fn drain<B: Backend>(
+    queue: &B,
+    workers: &[queue_core::WorkerHandle],
+    jobs: u64,
+    deadline: Instant,
+) -> Result<(), String> {
+    let ended_otherwise = |s: &queue_core::WorkerStats| s.failed + s.dead + s.cancelled > 0;
+    let waited = async {
+        if let [worker] = workers {
+            // One worker: woken by its counters, not a poll, so the figure has no poll's lag.
+            worker
+                .wait_for(|s| s.completed >= jobs || ended_otherwise(s))
+                .await;
+        }
+        loop {
+            let stats: Vec<_> = workers.iter().map(|w| w.stats()).collect();
+            if stats.iter().any(ended_otherwise) {
+                return false;
+            }
+            if stats.iter().map(|s| s.completed).sum::<u64>() >= jobs {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The workers' count is what they wrote; the database must agree.
+        while queue.counts().await.expect("counts").completed < jobs {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    };
+    let why = match tokio::time::timeout_at(deadline.into(), waited).await {
+        Ok(true) => return Ok(()),
+        Ok(false) => "a job ended other than completed",
+        Err(_) => "the drain timed out (--drain-timeout-secs)",
+    };
+    let c = queue.counts().await.expect("counts");
+    Err(format!(
+        "{why}: {} of {jobs} jobs completed; pending={} in_flight={} failed={} dead={} \
+         cancelled={}",
+        c.completed, c.pending, c.in_flight, c.failed, c.dead, c.cancelled
+    ))
 }
 
 /// The process's CPU time so far, every thread's (`CLOCK_PROCESS_CPUTIME_ID`).
@@ -377,7 +427,7 @@ async fn throughput_run<B: queue_core::Admin>(
     queue: B,
     hooks: impl Fn() -> Hooks<B::Tx, serde_json::Value>,
     analyze: Option<&sqlx::PgPool>,
-) -> Drained {
+) -> Result<Drained, String> {
     if !o.limits().is_none() {
         queue.set_limits(o.limits()).await.expect("limits");
     }
@@ -442,18 +492,12 @@ async fn throughput_run<B: queue_core::Admin>(
                 .start()
         })
         .collect();
-    let written = |workers: &[queue_core::WorkerHandle]| -> u64 {
-        workers.iter().map(|w| w.stats().completed).sum()
-    };
-    if let [worker] = &workers[..] {
-        worker.wait_for(|s| s.completed >= o.jobs as u64).await;
-    }
-    while written(&workers) < o.jobs as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // The workers' count is what they wrote; the database must agree.
-    while completed(&queue).await < o.jobs as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let deadline = start + Duration::from_secs(o.drain_timeout_secs);
+    if let Err(waited) = drain(&queue, &workers, o.jobs as u64, deadline).await {
+        for worker in workers {
+            let _ = worker.shutdown().await;
+        }
+        return Err(waited);
     }
     let process_jps = o.jobs as f64 / start.elapsed().as_secs_f64();
     let cpu = cpu_time().saturating_sub(cpu_before);
@@ -466,7 +510,7 @@ async fn throughput_run<B: queue_core::Admin>(
         .iter()
         .map(|r| u64::from(r.load(Ordering::Relaxed)))
         .sum();
-    Drained {
+    Ok(Drained {
         enqueue_jps,
         process_jps,
         duplicates: invocations.saturating_sub(o.jobs as u64),
@@ -474,7 +518,7 @@ async fn throughput_run<B: queue_core::Admin>(
         rss_kib_per_in_flight: peak.saturating_sub(rss_before) as f64
             / (o.workers * o.instances) as f64,
         lost_leases: lost.load(Ordering::Relaxed) + stale,
-    }
+    })
 }
 
 /// Start latency with NOTIFY: returns (p50 ms, p99 ms).
@@ -551,14 +595,14 @@ async fn sqlx_pool(o: &Options, db: &ScratchDb) -> sqlx::PgPool {
 }
 
 /// One run: throughput on a fresh database, then latency on another.
-async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
+async fn run_once(o: &Options) -> Result<(Drained, (f64, f64)), String> {
     if o.backend == BackendName::Sqlite {
         let file = benches::ScratchSqlite::new("throughput").await;
-        let throughput = throughput_run(o, file.queue.clone(), Hooks::new, None).await;
+        let throughput = throughput_run(o, file.queue.clone(), Hooks::new, None).await?;
         drop(file);
         let file = benches::ScratchSqlite::new("latency").await;
         let latency = latency_run(o, file.queue.clone()).await;
-        return (throughput, latency);
+        return Ok((throughput, latency));
     }
     let db = benches::scratch_db().await;
     if o.drop_lease_index {
@@ -581,7 +625,9 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
             throughput_run(o, queue, || pg_hooks(o), Some(&db.pool)).await
         }
     };
+    // A drain that failed leaves nothing behind either.
     db.drop_db().await;
+    let throughput = throughput?;
     let db = benches::scratch_db().await;
     if o.backlog > 0 {
         // The table exists once a queue handle has checked it.
@@ -598,7 +644,7 @@ async fn run_once(o: &Options) -> (Drained, (f64, f64)) {
         DriverName::TokioPostgres => latency_run(o, tp_queue(&db, true).await).await,
     };
     db.drop_db().await;
-    (throughput, latency)
+    Ok((throughput, latency))
 }
 
 #[tokio::main]
@@ -612,7 +658,10 @@ async fn main() {
     let (mut cpus, mut rss) = (Vec::new(), Vec::new());
     let (mut duplicates, mut lost) = (0, 0);
     for run in 1..=o.runs.max(1) {
-        let (d, (p50, p99)) = run_once(&o).await;
+        let (d, (p50, p99)) = run_once(&o).await.unwrap_or_else(|failed| {
+            eprintln!("queue-bench: run {run}: {failed}");
+            std::process::exit(1);
+        });
         println!(
             "run {run}: enqueue_jps={:.0} process_jps={:.0} p50_start_ms={p50:.2} p99_start_ms={p99:.2} duplicates={} cpu_us_per_job={:.2} rss_kib_per_in_flight={:.1} lost_leases={}",
             d.enqueue_jps,
