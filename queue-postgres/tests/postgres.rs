@@ -3445,7 +3445,16 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
     };
     let queue = twenty_jobs_under::<D>(&db, limits).await;
     let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 11).await;
-    // Its jobs are written before it waits, as only a claim ahead's are: the rows it holds.
+    assert_the_waiting_claim_has_written(&db).await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 2);
+    assert_eq!(in_flight(&db).await, 13);
+    db.drop_db().await;
+}
+
+/// The claim waiting for the queue's row has written its jobs before it waits, as only a claim
+/// ahead's does (a locked claim waits before its pick): it holds its transaction id.
+async fn assert_the_waiting_claim_has_written(db: &TestDb) {
     let held: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
          WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
@@ -3458,10 +3467,6 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
         held, 1,
         "the waiting claim has written (it holds its transaction id)"
     );
-    holder.commit().await.unwrap();
-    assert_eq!(claiming.await.unwrap(), 2);
-    assert_eq!(in_flight(&db).await, 13);
-    db.drop_db().await;
 }
 
 /// The claim ahead that failed in the test above counts once as a claim run again under the
@@ -3523,6 +3528,46 @@ async fn a_claim_ahead_killed_while_it_waits_leaves_nothing() {
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    a_claim_ahead_killed_while_it_waits(&db, &queue).await;
+    db.drop_db().await;
+}
+
+/// The same under max_per_partition, twenty partitions of one job each: nothing is counted
+/// per slot of partition keys either (the counts stay zeros, the claims that counted in them
+/// none), and the claim after it counts its own three there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_in_partitions_killed_while_it_waits_leaves_nothing() {
+    use queue_core::Admin;
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let jobs = (0..20).map(|n| NewJob::new(&n).unwrap().partition_key(format!("p{n}")));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(10),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    a_claim_ahead_killed_while_it_waits(&db, &queue).await;
+    let (slots, slotted): (Vec<i64>, i64) = sqlx::query_as(
+        "SELECT counted_slots, slotted_claims FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    // The claim after it counted its three, per slot, and itself.
+    assert_eq!(slots.len(), 128);
+    assert_eq!(slots.iter().sum::<i64>(), 3);
+    assert_eq!(slotted, 1);
+    db.drop_db().await;
+}
+
+/// The handle's claim ahead of three, behind a transaction holding the queue's row, has its
+/// connection killed while it waits: it fails transiently, no job stays in flight and none is
+/// counted, and a claim after it (another handle's) takes three.
+async fn a_claim_ahead_killed_while_it_waits(
+    db: &TestDb,
+    queue: &PostgresQueue<queue_postgres::Sqlx>,
+) {
     let mut holder = db.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
         .execute(&mut *holder)
@@ -3532,7 +3577,8 @@ async fn a_claim_ahead_killed_while_it_waits_leaves_nothing() {
         let queue = queue.clone();
         tokio::spawn(async move { queue.claim(req(3)).await })
     };
-    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
+    assert_the_waiting_claim_has_written(db).await;
     let killed: bool = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
          WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -3547,16 +3593,18 @@ async fn a_claim_ahead_killed_while_it_waits_leaves_nothing() {
         .expect_err("the claim's connection was killed");
     assert!(err.is_transient(), "{err}");
     holder.commit().await.unwrap();
-    assert_eq!(in_flight(&db).await, 0, "nothing the claim wrote stayed");
-    let counted: i64 =
-        sqlx::query_scalar("SELECT counted_jobs FROM queue_jobs_queues WHERE queue = 'default'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(counted, 0);
-    let after = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    assert_eq!(in_flight(db).await, 0, "nothing the claim wrote stayed");
+    let (counted, slots, slotted): (i64, i64, i64) = sqlx::query_as(
+        "SELECT counted_jobs, COALESCE((SELECT sum(n) FROM unnest(counted_slots) AS n), 0)::bigint,
+                slotted_claims
+         FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((counted, slots, slotted), (0, 0, 0));
+    let after = support::connect_default::<queue_postgres::Sqlx>(db).await;
     assert_eq!(after.claim(req(3)).await.unwrap().jobs.len(), 3);
-    db.drop_db().await;
 }
 
 /// A claim ahead whose statement spans changes of the queue's limits: it took its snapshot
