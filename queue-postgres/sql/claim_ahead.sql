@@ -1,7 +1,7 @@
 -- The claim: recovery folded in, by the database's clock only.
--- This form claims from a queue whose limits are max_in_flight, the rate and max_per_partition
--- (not a rate per partition) while they leave ample room, without waiting for the queue's row
--- first (its first line is claim.sql's, so that a drain finds it running).
+-- This form claims from a queue with limits (max_in_flight, the rate, max_per_partition, the
+-- rate per partition) while they leave ample room, without waiting for the queue's row first
+-- (its first line is claim.sql's, so that a drain finds it running).
 --
 -- Parameters: claim.sql's $1 to $7 ($2 the batch the claimer asks for); $8 the margin, how
 -- many claims of that batch the room must leave space for (the queue handle widens it while
@@ -11,16 +11,32 @@
 -- Why: claim_limited.sql holds the queue's row lock for its whole pick and write, so the
 -- claims of several workers take turns even when the limits are far from binding. This form
 -- reads the row unlocked (seen, its snapshot's version) and claims while the room it shows
--- leaves space for $8 claims of the batch asked for (ahead.ample, and fit for
--- max_per_partition), in parallel with the other claims, as claim.sql does; only its last
+-- leaves space for $8 claims of the batch asked for (ahead.ample, and fit for the limits per
+-- partition), in parallel with the other claims, as claim.sql does; only its last
 -- write takes the row's lock, to check the limits and count the claim (logged). When the room
--- is not ample it claims nothing and returns a row marked 'binding'; a queue with a rate per
--- partition, a row marked 'partitioned': claim with claim_limited.sql then.
+-- is not ample it claims nothing and returns a row marked 'binding': claim with
+-- claim_limited.sql then.
 --
 -- max_per_partition: the picks go ahead (fit) when each picked partition's jobs in flight
 -- (held, the snapshot's) plus its picks leave room for $8 times the picks of its slot of
 -- partition keys (claims that commit meanwhile and pick alike add about that much to the
 -- slot). Jobs without a partition key are not limited per partition.
+--
+-- The rate per partition: the picks go ahead (rate_room) when the snapshot's tally
+-- (claim_tally.sql, claim_quota.sql says how it bounds a partition's starts) leaves room for
+-- $8 claims of the batch in its sum, or for $8 times each picked slot's picks in the slot. At
+-- the end the claim is bounded by the newest row's tally alone, which counts every claim
+-- committed since (no snapshot is needed): read once, at one instant under the row's lock, by
+-- the SET that counts the claim in it (claim_count_tally.sql, the multi-column assignment of
+-- partition_tally and partition_slots), which fails the claim unless its jobs, takeovers
+-- included (rate_claims), fit the tally's sum or each of their slots. A claim that fits is
+-- logged as a claim under the lock whose tally left room for it: one row of
+-- "{{table}}_claim_starts" (claim_started; folded into the partitions' logs when a claim must
+-- count per partition, fold_starts.sql), and every 64th claim prunes the rows that left the
+-- window; the partitions' own logs ("{{table}}_starts") are written and pruned by claims
+-- under the lock only. When the row was only locked, not updated, while the claim waited, the
+-- SET is not evaluated again and its instant is the one the wait began at: the tally did not
+-- change meanwhile, and the claim is counted at that earlier instant, where its check ran.
 --
 -- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate and
 -- max_per_partition (the limits, not the turns: far from the limit the partitions need none,
@@ -54,8 +70,7 @@
 -- (now()), earlier than the instant the rate counts the claim by, by the statement's run and
 -- its wait for the lock (a row is written once per statement).
 --
--- A claim that fails the check, or whose row shows a rate per partition set since, must not
--- commit, and a statement cannot undo its own writes; an error can: the statement then fails
+-- A claim that fails the check must not commit, and a statement cannot undo its own writes; an error can: the statement then fails
 -- with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
 -- job count so that the planner cannot fold it into a constant and raise it while planning).
 -- Nothing it wrote stays; the caller claims again under the lock. It is rare: the claims that
@@ -63,16 +78,13 @@
 WITH seen AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.counted_claims, c.counted_jobs, c.max_per_partition, c.counted_slots,
-           c.slotted_claims,
-           (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
-               AS partitioned
+           c.slotted_claims, c.partition_rate_starts, c.partition_rate_per_ms, c.partition_tally,
+           c.partition_slots
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
 ),
 ahead AS MATERIALIZED (
-    SELECT s.partitioned,
-           NOT s.partitioned
-           AND (s.max_in_flight IS NULL OR s.max_in_flight - n.in_flight >= $8::bigint * $2::bigint)
+    SELECT (s.max_in_flight IS NULL OR s.max_in_flight - n.in_flight >= $8::bigint * $2::bigint)
            AND (s.rate_starts IS NULL OR s.rate_per_ms IS NULL
                 OR s.rate_starts - (
                        SELECT COALESCE(sum((e ->> 1)::bigint), 0)
@@ -81,7 +93,9 @@ ahead AS MATERIALIZED (
                              > extract(epoch FROM clock_timestamp())::float8 * 1000
                                - s.rate_per_ms) >= $8::bigint * $2::bigint) AS ample,
            n.in_flight,
-           s.max_per_partition
+           s.max_per_partition,
+           CASE WHEN s.partition_rate_starts IS NOT NULL THEN s.partition_rate_per_ms END
+               AS partition_rate_per_ms
     FROM seen AS s
     CROSS JOIN LATERAL (
         -- Without max_in_flight, no count (a CASE runs its subquery only when it is read).
@@ -95,6 +109,27 @@ take AS MATERIALIZED (
 ),
 plain AS MATERIALIZED (
 {{claim_due}}
+),
+rate_room AS MATERIALIZED (
+    -- With a rate per partition: whether the snapshot's tally (claim_tally.sql, at the
+    -- statement's instant) leaves room for the margin's claims: its sum for $8 claims of the
+    -- batch, or the slot of each picked job's partition for $8 times that slot's picks (claims
+    -- that commit meanwhile and pick alike add about that much to it). Takeovers are left to
+    -- the check at the end, which counts them. Read only with a rate per partition.
+    SELECT g.unbound
+           OR (g.usable
+               AND NOT EXISTS (
+                       SELECT 1
+                       FROM (SELECT {{rate_slot_pick}} AS slot, count(*) AS picks
+                             FROM plain AS p
+                             WHERE p.partition_key IS NOT NULL
+                             GROUP BY 1) AS p
+                       WHERE (g.slot_base + g.slot_counts[p.slot + 1] + $8::bigint * p.picks
+                              > s.partition_rate_starts) IS NOT FALSE)) AS ok
+    FROM seen AS s
+    CROSS JOIN LATERAL (
+{{snapshot_tally}}
+    ) AS g
 ),
 held AS MATERIALIZED (
     -- Each picked partition's jobs in flight in the snapshot, its picks and its slot of
@@ -138,6 +173,7 @@ fit AS MATERIALIZED (
                           OR (h.n + h.picks
                               + $8::bigint * (SELECT picks FROM slot_picks)[h.slot + 1]
                               > a.max_per_partition) IS NOT FALSE))
+           AND (a.partition_rate_per_ms IS NULL OR (SELECT ok FROM rate_room))
                AS ok
     FROM ahead AS a
 ),
@@ -145,12 +181,22 @@ due AS MATERIALIZED (
     SELECT * FROM plain WHERE (SELECT ok FROM fit)
 ),
 {{claim_picks}},
+rate_claims AS (
+    -- The claim's partitioned jobs, takeovers included, per slot of the tally of the rate per
+    -- partition (claim_slot.sql): what the check at the end bounds (read only with a rate per
+    -- partition).
+    SELECT {{rate_slot_claimed}} AS slot, count(*) AS jobs
+    FROM claimed AS cl
+    WHERE cl.partition_key IS NOT NULL
+    GROUP BY 1
+),
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
         counted_claims = c.counted_claims + 1,
         counted_jobs = c.counted_jobs + n.new_jobs,
         {{count_slots}},
+        {{count_tally}},
         rate_log = CASE WHEN c.rate_starts IS NULL OR c.rate_per_ms IS NULL THEN '[]'::jsonb
             ELSE COALESCE((SELECT jsonb_agg(e) FROM jsonb_array_elements(c.rate_log) AS e
                            WHERE (e ->> 0)::float8
@@ -166,7 +212,6 @@ logged AS (
     WHERE c.queue = $1
       AND n.all_jobs > 0
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
-      AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL)
       AND (c.max_in_flight IS NULL
            OR a.in_flight + (c.counted_jobs - s.counted_jobs) + n.new_jobs <= c.max_in_flight)
       AND (c.max_per_partition IS NULL
@@ -186,15 +231,43 @@ logged AS (
                WHERE (e ->> 0)::float8
                      > extract(epoch FROM clock_timestamp())::float8 * 1000 - c.rate_per_ms)
                + n.all_jobs <= c.rate_starts)
-    RETURNING c.queue
+    RETURNING c.claims, c.partition_rate_per_ms,
+              (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
+                  AS rated
+),
+claim_started AS (
+    -- With a rate per partition, the claim's jobs per partition in one row of
+    -- "{{table}}_claim_starts", numbered by the claims counter it left, as a claim under the
+    -- lock logs a claim its tally leaves room for (claim_logged_partitions.sql); stamped after
+    -- the tally counted it (a later stamp keeps it in the windows a little longer, never
+    -- shorter).
+    INSERT INTO "{{table}}_claim_starts" (queue, claim, at_ms, keys, jobs)
+    SELECT $1, l.claims, extract(epoch FROM clock_timestamp())::float8 * 1000,
+           array_agg(k.key), array_agg(k.jobs)
+    FROM logged AS l
+    CROSS JOIN (SELECT partition_key AS key, count(*) AS jobs
+                FROM claimed
+                WHERE partition_key IS NOT NULL
+                GROUP BY 1) AS k
+    WHERE l.rated
+    GROUP BY l.claims
+),
+claim_starts_pruned AS (
+    -- Every 64th claim of the queue, the rows whose claim left the window, as a claim under
+    -- the lock prunes them.
+    DELETE FROM "{{table}}_claim_starts" AS s
+    USING logged AS l
+    WHERE s.queue = $1
+      AND l.rated
+      AND l.claims % 64 = 0
+      AND s.at_ms <= extract(epoch FROM clock_timestamp())::float8 * 1000 - l.partition_rate_per_ms
 )
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
        payload, taken_over, over_reclaim_cap, cancel_requested, NULL AS marker
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       CASE WHEN COALESCE((SELECT partitioned FROM ahead), false) THEN 'partitioned'
-            ELSE 'binding' END
+       'binding'
 WHERE NOT COALESCE((SELECT ok FROM fit), false)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,

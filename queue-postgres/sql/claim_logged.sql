@@ -19,14 +19,6 @@
 -- full form). The per-partition logging is claim_logged_partitions.sql, rendered in place of
 -- the partition_logs token (nothing in the lean form).
 {{partition_logs}}
-slot_claims AS (
-    -- The claim's partitioned jobs per slot of their keys (claim_slot.sql), for the tally per
-    -- slot (read only when the claim counts in it: a CTE nobody reads never runs).
-    SELECT {{slot}} AS slot, count(*)::integer AS jobs
-    FROM claimed AS c
-    WHERE c.partition_key IS NOT NULL AND (SELECT tally_per_ms FROM quota) IS NOT NULL
-    GROUP BY 1
-),
 flight_claims AS (
     -- The claim's new partitioned jobs (takeovers were in flight already) per slot of the
     -- counts of jobs put in flight, all slots in order (claim_slot.sql, counted_slots: read
@@ -54,73 +46,7 @@ logged AS (
             || jsonb_build_array(jsonb_build_array(
                    extract(epoch FROM clock_timestamp())::float8 * 1000, (SELECT count(*) FROM claimed)))
         END,
-        partition_tally = CASE
-            WHEN (SELECT tally_per_ms FROM quota) IS NULL THEN NULL
-            WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.partition_tally
-            ELSE (SELECT CASE
-                    -- No tally, or another window length: start again.
-                    WHEN (c.partition_tally ->> 'per_ms')::bigint IS DISTINCT FROM q.tally_per_ms
-                    THEN jsonb_build_object('per_ms', q.tally_per_ms, 'since', q.now_ms,
-                                            'bucket', b.bucket, 'jobs', n.jobs, 'before', 0,
-                                            'slots_at', b.bucket, 'slots_jobs', n.jobs,
-                                            'slot_before', 0)
-                    -- The clock stepped back: counted in the window the tally is at, never
-                    -- forgotten (the claims before the step stay counted when it is put right;
-                    -- claim_quota.sql counts per partition until the clock is back there).
-                    -- The slots count the claim unless the tally's sum left room for it.
-                    WHEN b.bucket <= (c.partition_tally ->> 'bucket')::bigint
-                    THEN c.partition_tally
-                         || jsonb_build_object('jobs', (c.partition_tally ->> 'jobs')::bigint + n.jobs)
-                         || CASE WHEN q.slots_kept AND NOT q.unbound
-                                 THEN jsonb_build_object(
-                                          'slots_jobs',
-                                          (c.partition_tally ->> 'slots_jobs')::bigint + n.jobs)
-                                 ELSE '{}' END
-                    -- The next window: the tally's becomes the one before.
-                    WHEN b.bucket = (c.partition_tally ->> 'bucket')::bigint + 1
-                    THEN c.partition_tally
-                         || jsonb_build_object('bucket', b.bucket, 'jobs', n.jobs,
-                                               'before', (c.partition_tally ->> 'jobs')::bigint,
-                                               'slots_at', b.bucket, 'slots_jobs', n.jobs,
-                                               'slot_before', CASE WHEN q.slots_kept
-                                                   THEN (SELECT COALESCE(max(e), 0)
-                                                         FROM unnest(c.partition_slots) AS e)
-                                                        + (c.partition_tally ->> 'jobs')::bigint
-                                                        - (c.partition_tally ->> 'slots_jobs')::bigint
-                                                   ELSE (c.partition_tally ->> 'jobs')::bigint
-                                                   END)
-                    ELSE c.partition_tally
-                         || jsonb_build_object('bucket', b.bucket, 'jobs', n.jobs, 'before', 0,
-                                               'slots_at', b.bucket, 'slots_jobs', n.jobs,
-                                               'slot_before', 0)
-                    END
-                  FROM quota AS q
-                  CROSS JOIN LATERAL (SELECT floor(q.now_ms / q.tally_per_ms)::bigint AS bucket) AS b
-                  CROSS JOIN (SELECT count(*) AS jobs FROM claimed
-                              WHERE partition_key IS NOT NULL) AS n)
-        END,
-        -- Rewritten whole (512 counts) when the claim counts in them: not while the tally's sum
-        -- left room for the claim (its jobs then stay untracked, charged to every slot), which
-        -- keeps a queue far under its rate from paying for them. In the tally's window (or
-        -- behind it) the counts go on; a new window, or a new tally, starts from this claim's.
-        partition_slots = CASE
-            WHEN (SELECT tally_per_ms FROM quota) IS NULL THEN NULL
-            WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN c.partition_slots
-            ELSE (SELECT CASE
-                    WHEN w.same AND NOT q.slots_kept THEN NULL
-                    WHEN w.same AND q.unbound THEN c.partition_slots
-                    ELSE (SELECT array_agg(COALESCE(CASE WHEN w.same THEN c.partition_slots[i] END, 0)
-                                           + COALESCE(a.jobs, 0)
-                                           ORDER BY i)
-                          FROM generate_series(1, {{slot_count}}) AS i
-                          LEFT JOIN slot_claims AS a ON a.slot + 1 = i)
-                    END
-                  FROM quota AS q
-                  CROSS JOIN LATERAL (
-                      SELECT (c.partition_tally ->> 'per_ms')::bigint IS NOT DISTINCT FROM q.tally_per_ms
-                             AND floor(q.now_ms / q.tally_per_ms)::bigint
-                                 <= (c.partition_tally ->> 'bucket')::bigint AS same) AS w)
-        END,
+        {{count_tally}},
         partition_cursor = (SELECT key FROM next_cursor)
     WHERE c.queue = $1
       AND (EXISTS (SELECT 1 FROM claimed)

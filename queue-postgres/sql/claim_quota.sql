@@ -67,18 +67,16 @@ quota AS MATERIALIZED (
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
            c.partition_cursor AS cursor_key,
-           (c.max_per_partition IS NOT NULL OR k.per_ms IS NOT NULL) AS partitioned,
+           (c.max_per_partition IS NOT NULL OR g.per_ms IS NOT NULL) AS partitioned,
            CASE WHEN NOT g.unbound THEN c.partition_rate_starts END AS key_rate_starts,
-           CASE WHEN NOT g.unbound THEN k.per_ms END AS key_rate_per_ms,
-           k.per_ms AS tally_per_ms,
+           CASE WHEN NOT g.unbound THEN g.per_ms END AS key_rate_per_ms,
+           g.per_ms AS tally_per_ms,
            g.unbound,
            f.must_fold,
-           v.kept AS slots_kept,
-           COALESCE(a.whole AND a.ahead >= 0 AND v.kept, false) AS slots_usable,
-           CASE a.ahead WHEN 0 THEN (c.partition_tally ->> 'slot_before')::bigint + v.untracked
-                        WHEN 1 THEN v.untracked
-                        ELSE 0 END AS slot_base,
-           CASE WHEN a.ahead <= 1 THEN c.partition_slots END AS slot_counts,
+           g.kept AS slots_kept,
+           g.usable AS slots_usable,
+           g.slot_base,
+           g.slot_counts,
            l.refused,
            t.now_at,
            t.now_ms
@@ -94,46 +92,14 @@ quota AS MATERIALIZED (
         SELECT x.at AS now_at, extract(epoch FROM x.at)::float8 * 1000 AS now_ms
         FROM (SELECT clock_timestamp() AS at) AS x
     ) AS t
+    -- The tally and its slots at the claim's instant, for the batch asked (claim_tally.sql).
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN c.partition_rate_starts IS NOT NULL THEN c.partition_rate_per_ms END
-               AS per_ms
-    ) AS k
-    CROSS JOIN LATERAL (
-        -- ahead: how many windows the clock is past the tally's; whole: the tally counted
-        -- every claim of the sliding window (its window length, since a whole window).
-        SELECT floor(t.now_ms / k.per_ms)::bigint
-               - (c.partition_tally ->> 'bucket')::bigint AS ahead,
-               k.per_ms IS NOT NULL
-               AND (c.partition_tally ->> 'per_ms')::bigint = k.per_ms
-               AND (c.partition_tally ->> 'since')::float8 <= t.now_ms - k.per_ms AS whole
-    ) AS a
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(
-                   a.whole
-                   AND a.ahead >= 0
-                   AND CASE a.ahead
-                           WHEN 0 THEN (c.partition_tally ->> 'jobs')::bigint
-                                       + (c.partition_tally ->> 'before')::bigint
-                           WHEN 1 THEN (c.partition_tally ->> 'jobs')::bigint
-                           ELSE 0 END + $2::bigint <= c.partition_rate_starts,
-                   false) AS unbound
+{{tally}}
     ) AS g
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(
-                   cardinality(c.partition_slots) = {{slot_count}}
-                   AND (c.partition_tally ->> 'slots_at')::bigint
-                       = (c.partition_tally ->> 'bucket')::bigint
-                   AND u.untracked >= 0
-                   AND jsonb_typeof(c.partition_tally -> 'slot_before') = 'number',
-                   false) AS kept,
-               u.untracked
-        FROM (SELECT (c.partition_tally ->> 'jobs')::bigint
-                     - (c.partition_tally ->> 'slots_jobs')::bigint AS untracked) AS u
-    ) AS v
     CROSS JOIN LATERAL (
         -- (Never in the lean form, which refuses a queue with a rate per partition: the
         -- constant lets the planner drop the read of "{{table}}_claim_starts".)
-        SELECT NOT {{lean}} AND NOT {{after_pick}} AND k.per_ms IS NOT NULL AND NOT g.unbound
+        SELECT NOT {{lean}} AND NOT {{after_pick}} AND g.per_ms IS NOT NULL AND NOT g.unbound
                AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
                AS must_fold
     ) AS f

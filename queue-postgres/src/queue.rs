@@ -65,8 +65,6 @@ enum Ahead {
     Binding,
     /// Its jobs would have put the queue over a limit: it failed, undone.
     Over,
-    /// The queue has a rate per partition: nothing claimed.
-    Partitioned,
 }
 
 /// How long a handle whose claim found its queue near a limit claims under the queue's row
@@ -141,7 +139,6 @@ impl AheadState {
                 self.near_limit_at = Some(now);
                 self.margin = (self.margin / 2).max(sql::AHEAD_MARGIN_LEAST);
             }
-            Ahead::Partitioned => {}
         }
     }
 }
@@ -161,9 +158,6 @@ struct LimitsSeen {
     /// Limits per partition among them: claims start with the full form of
     /// `claim_limited.sql`, not the lean one.
     partitioned: bool,
-    /// A rate per partition among them: claims never go ahead of the queue's row lock
-    /// (`claim_ahead.sql` refuses such a queue).
-    rated_partitions: bool,
 }
 
 impl<D: Driver> Clone for PostgresQueue<D> {
@@ -401,19 +395,7 @@ impl<D: Driver> PostgresQueue<D> {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
-            rated_partitions: limits.rate_per_partition.is_some(),
         };
-    }
-
-    /// Whether a claim may go ahead of the queue's row lock: unless the queue was last seen
-    /// with a rate per partition.
-    fn may_claim_ahead(&self) -> bool {
-        !self
-            .inner
-            .limits_seen
-            .lock()
-            .expect("limits lock")
-            .rated_partitions
     }
 
     /// The form a limited claim starts with: the lean one unless the queue was last seen with
@@ -437,15 +419,7 @@ impl<D: Driver> PostgresQueue<D> {
             .partitioned = true;
     }
 
-    /// A claim ahead found a rate per partition the handle had not seen: claims under the
-    /// lock, in the full form, until the limits are read again.
-    fn saw_partition_rate(&self) {
-        let mut seen = self.inner.limits_seen.lock().expect("limits lock");
-        seen.partitioned = true;
-        seen.rated_partitions = true;
-    }
-
-    /// The claim of a queue without a rate per partition, while its limits leave ample room
+    /// The claim of a queue with limits, while they leave ample room
     /// (`claim_ahead.sql`, which fails, undone, when its jobs would pass the limits); `None`
     /// while the handle claims under the lock ([`AheadState`]).
     async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Option<Ahead>, PgError> {
@@ -459,10 +433,7 @@ impl<D: Driver> PostgresQueue<D> {
         let claim =
             statement::claim_ahead::<D>(D::pooled(&mut conn), &inner.sql, queue, request, margin)
                 .await?;
-        let ahead = if claim.partitioned {
-            self.saw_partition_rate();
-            Ahead::Partitioned
-        } else if claim.over {
+        let ahead = if claim.over {
             Ahead::Over
         } else if claim.binding {
             Ahead::Binding
@@ -477,8 +448,7 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(Some(ahead))
     }
 
-    /// A claim of a queue with limits: first, unless the queue has a rate per partition, a
-    /// claim ahead of the queue's row lock ([`Self::claim_ahead`]), which serves it while the
+    /// A claim of a queue with limits: first a claim ahead of the queue's row lock ([`Self::claim_ahead`]), which serves it while the
     /// limits leave ample room. Otherwise one statement that takes the queue's row lock and
     /// claims within the limits (`claim_limited.sql`), and a second one when its pick would put
     /// a partition over its limit (`claim_turns.sql`, for the rest of the batch). When another
@@ -493,17 +463,14 @@ impl<D: Driver> PostgresQueue<D> {
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
         let mut contended = false;
-        if self.may_claim_ahead() {
-            match self.claim_ahead(request).await? {
-                Some(Ahead::Claimed(batch)) => return Ok(batch),
-                Some(Ahead::Partitioned) => form = LimitedForm::Pick,
-                Some(Ahead::Binding) | None => {}
-                // Claims committed while it ran: a statement alone would most likely find
-                // its snapshot stale too.
-                Some(Ahead::Over) => {
-                    queue_core::metrics::record_limited_claim_rerun(queue);
-                    contended = true;
-                }
+        match self.claim_ahead(request).await? {
+            Some(Ahead::Claimed(batch)) => return Ok(batch),
+            Some(Ahead::Binding) | None => {}
+            // Claims committed while it ran: a statement alone would most likely find its
+            // snapshot stale too.
+            Some(Ahead::Over) => {
+                queue_core::metrics::record_limited_claim_rerun(queue);
+                contended = true;
             }
         }
         let fold = if contended {

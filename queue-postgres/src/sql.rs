@@ -49,6 +49,8 @@ pub(crate) const CLAIM_RATED_BEFORE_PICK: Template = template!("claim_rated_befo
 pub(crate) const CLAIM_SLOT: Template = template!("claim_slot.sql");
 pub(crate) const CLAIM_SLOTS_WHOLE: Template = template!("claim_slots_whole.sql");
 pub(crate) const CLAIM_COUNT_SLOTS: Template = template!("claim_count_slots.sql");
+pub(crate) const CLAIM_TALLY: Template = template!("claim_tally.sql");
+pub(crate) const CLAIM_COUNT_TALLY: Template = template!("claim_count_tally.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -452,7 +454,11 @@ impl LimitedEnds {
         let quota = for_table_with(
             CLAIM_QUOTA,
             table,
-            &[("lean", flag(lean)), ("after_pick", flag(after_pick))],
+            &[
+                ("lean", flag(lean)),
+                ("after_pick", flag(after_pick)),
+                ("tally", &tally(table, "c", "t.now_ms", "$2::bigint")?),
+            ],
         )?;
         let rated = if after_pick {
             let slot = for_table_with(CLAIM_SLOT, table, &[("key", "p.partition_key")])?;
@@ -470,7 +476,6 @@ impl LimitedEnds {
         } else {
             "false"
         };
-        let slot = for_table_with(CLAIM_SLOT, table, &[("key", "c.partition_key")])?;
         let flight_slot = slot_of("c.partition_key", FLIGHT_SLOTS)?;
         let counted = count_slots(
             table,
@@ -483,9 +488,9 @@ impl LimitedEnds {
             &[
                 ("turns", turns),
                 ("partition_logs", &partition_logs),
-                ("slot", &slot),
                 ("flight_slot", &flight_slot),
                 ("count_slots", &counted),
+                ("count_tally", &count_tally(table, "quota", "true")?),
             ],
         )?;
         Ok(Self {
@@ -578,6 +583,32 @@ fn slot_of(key: &str, slots: u32) -> Result<String, PgError> {
     render(CLAIM_SLOT, &[("key", key), ("slot_mask", &mask)])
 }
 
+/// `claim_tally.sql` for the queues row `row` (its alias), at the instant `now_ms`, for a claim
+/// of `jobs` jobs (SQL expressions).
+fn tally(table: &TableName, row: &str, now_ms: &str, jobs: &str) -> Result<String, PgError> {
+    for_table_with(
+        CLAIM_TALLY,
+        table,
+        &[("row", row), ("now_ms", now_ms), ("jobs", jobs)],
+    )
+}
+
+/// `claim_count_tally.sql` reading its quota from `quota` (a relation or a subquery of one
+/// row) and counting the claim when `fits` holds (an SQL expression).
+fn count_tally(table: &TableName, quota: &str, fits: &str) -> Result<String, PgError> {
+    let slot = slot_of("cl.partition_key", PARTITION_SLOTS)?;
+    for_table_with(
+        CLAIM_COUNT_TALLY,
+        table,
+        &[
+            ("quota", quota),
+            ("fits", fits),
+            ("over", AHEAD_OVER),
+            ("slot", &slot),
+        ],
+    )
+}
+
 /// `claim_slots_whole.sql` for `slots` (an SQL expression of a `counted_slots` value).
 fn slots_whole(table: &TableName, slots: &str) -> Result<String, PgError> {
     for_table_with(CLAIM_SLOTS_WHOLE, table, &[("slots", slots)])
@@ -607,6 +638,28 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let snapshot_whole = slots_whole(table, "s.counted_slots")?;
     let row_whole = slots_whole(table, "c.counted_slots")?;
     let counted = count_slots(table, "(SELECT picks FROM slot_picks)", "true")?;
+    let snapshot_tally = tally(table, "s", AHEAD_NOW_MS, "$8::bigint * $2::bigint")?;
+    // The rate per partition at the end: the newest row's tally at one instant, for the jobs
+    // taken, read once by the SET that counts them (claim_count_tally.sql), which fails the
+    // claim when they do not fit.
+    let row_tally = tally(
+        table,
+        "c",
+        "x.now_ms",
+        "(SELECT count(*) FROM claimed WHERE partition_key IS NOT NULL)",
+    )?;
+    let quota = format!(
+        "(SELECT g.per_ms AS tally_per_ms, x.now_ms, g.kept AS slots_kept, g.unbound, g.usable, \
+         g.slot_base, g.slot_counts \
+         FROM (SELECT {AHEAD_NOW_MS} AS now_ms) AS x CROSS JOIN LATERAL ({row_tally}) AS g)"
+    );
+    let counted_tally = count_tally(
+        table,
+        &quota,
+        "(q.unbound OR (q.usable AND NOT EXISTS (SELECT 1 FROM rate_claims AS a \
+         WHERE (q.slot_base + q.slot_counts[a.slot + 1] + a.jobs > c.partition_rate_starts) \
+         IS NOT FALSE)))",
+    )?;
     for_table_with(
         CLAIM_AHEAD,
         table,
@@ -619,9 +672,24 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
             ("snapshot_slots_whole", &snapshot_whole),
             ("row_slots_whole", &row_whole),
             ("count_slots", &counted),
+            ("snapshot_tally", &snapshot_tally),
+            ("count_tally", &counted_tally),
+            (
+                "rate_slot_pick",
+                &slot_of("p.partition_key", PARTITION_SLOTS)?,
+            ),
+            (
+                "rate_slot_claimed",
+                &slot_of("cl.partition_key", PARTITION_SLOTS)?,
+            ),
         ],
     )
 }
+
+/// The instant a claim ahead counts its rate per partition by, in epoch milliseconds: the
+/// clock when it is read (a claim ahead reads it for its snapshot's tally, and again under the
+/// queue's row lock for the newest row's).
+const AHEAD_NOW_MS: &str = "extract(epoch FROM clock_timestamp())::float8 * 1000";
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.
 pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
@@ -956,7 +1024,7 @@ mod tests {
             "{lean}"
         );
         assert!(
-            lean.contains("NOT true AND NOT false AND k.per_ms"),
+            lean.contains("NOT true AND NOT false AND g.per_ms"),
             "{lean}"
         );
         let full = code(&claim_limited(&table).unwrap());
@@ -965,13 +1033,13 @@ mod tests {
         // The full form decides the rate per partition after its pick (by the slots' tally);
         // the turns decide it before theirs.
         assert!(
-            full.contains("NOT false AND NOT true AND k.per_ms"),
+            full.contains("NOT false AND NOT true AND g.per_ms"),
             "{full}"
         );
         assert!(full.contains("FROM plain AS p"), "{full}");
         let turns = code(&claim_turns(&table).unwrap());
         assert!(
-            turns.contains("NOT false AND NOT false AND k.per_ms"),
+            turns.contains("NOT false AND NOT false AND g.per_ms"),
             "{turns}"
         );
     }

@@ -720,8 +720,8 @@ pub(crate) struct LimitedClaim {
     /// partitions' logs, and this claim counts per partition: it claimed nothing; run
     /// [`fold_starts`] after [`lock_queue`], then claim again in that transaction.
     pub(crate) fold: bool,
-    /// The lean form or `claim_ahead.sql` met a queue with limits per partition: it claimed
-    /// nothing; claim with the full form.
+    /// The lean form met a queue with limits per partition: it claimed nothing; claim with
+    /// the full form.
     pub(crate) partitioned: bool,
     /// `claim_ahead.sql` found the room not ample: it claimed nothing; claim under the lock.
     pub(crate) binding: bool,

@@ -3487,8 +3487,8 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
 }
 
 /// A claim under the lock whose snapshot went stale while it waited for the queue's row (a
-/// queue with a rate per partition, whose claims never go ahead): a claim that held the row
-/// committed meanwhile, so the handle's statement claims nothing and the handle claims again
+/// queue whose limit of eleven in flight leaves no room for four claims of three, so the claim
+/// does not go ahead): a claim that held the row committed meanwhile, so the handle's statement claims nothing and the handle claims again
 /// after the lock, in the same call. That counts once as a claim run again
 /// (`queue_limited_claims_rerun_total`), recorded by this thread's recorder, and the call still
 /// takes its three jobs.
@@ -3500,9 +3500,7 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let db = TestDb::new().await;
     let limits = queue_core::QueueLimits {
-        rate_per_partition: Some(
-            queue_core::RateLimit::new(1000, Duration::from_secs(60)).unwrap(),
-        ),
+        max_in_flight: Some(11),
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
@@ -3870,16 +3868,148 @@ async fn eight_jobs_of_a_under(
     db: &TestDb,
     max_per_partition: u32,
 ) -> PostgresQueue<queue_postgres::Sqlx> {
-    use queue_core::Admin;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
-    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
-    queue.enqueue_many(jobs.collect()).await.unwrap();
     let limits = queue_core::QueueLimits {
         max_per_partition: Some(max_per_partition),
         ..queue_core::QueueLimits::NONE
     };
+    eight_jobs_of_a_limited(db, limits).await
+}
+
+/// A handle on a fresh database's default queue with eight jobs of partition `a`, under
+/// `limits`.
+async fn eight_jobs_of_a_limited(
+    db: &TestDb,
+    limits: queue_core::QueueLimits,
+) -> PostgresQueue<queue_postgres::Sqlx> {
+    use queue_core::Admin;
+    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
     queue.set_limits(limits).await.unwrap();
     queue
+}
+
+/// Under a rate per partition of six starts a `window`, a locked claim takes `held` jobs of
+/// partition `a` and holds the queue's row while a claim ahead of one more of `a` waits for it.
+/// The claim ahead went ahead on the snapshot's tally: set_limits starts it complete and empty,
+/// so its sum left room for four claims of one, unless `tally` (SQL run before the claims)
+/// makes it otherwise. Returns the claim ahead's jobs and markers, or its error, and the starts
+/// of `a` the queue's claim logs hold.
+async fn a_rated_claim_ahead_after_a_locked_claim(
+    db: &TestDb,
+    held: i64,
+    window: Duration,
+    tally: Option<&'static str>,
+) -> (Result<(usize, Vec<String>), sqlx::Error>, i64) {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(6, window).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    eight_jobs_of_a_limited(db, limits).await;
+    if let Some(sql) = tally {
+        sqlx::raw_sql(sql).execute(&db.pool).await.unwrap();
+    }
+    let claim = claim_ahead_behind_a_locked_claim(db, held, None, 1).await;
+    let logged: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(j), 0)::bigint
+         FROM queue_jobs_claim_starts AS s, unnest(s.keys, s.jobs) AS k(key, j)
+         WHERE s.queue = 'default' AND k.key = 'a'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    (claim, logged)
+}
+
+/// A rate per partition goes ahead too, and the claim ahead counts, at its end, the starts a
+/// claim made while it ran: six of `a` were claimed meanwhile, its one would make seven within
+/// the minute, so it fails, undone, and `a` keeps its six.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_starts_per_partition_a_claim_made_while_it_ran() {
+    let db = TestDb::new().await;
+    let minute = Duration::from_secs(60);
+    let (claim, logged) = a_rated_claim_ahead_after_a_locked_claim(&db, 6, minute, None).await;
+    assert_over_with_one(claim);
+    assert_eq!(in_flight(&db).await, 6);
+    assert_eq!(logged, 6, "the locked claim's starts alone");
+    db.drop_db().await;
+}
+
+/// The same with five of `a` claimed meanwhile: the claim ahead's one makes six, within the
+/// rate, and it commits, logging its start in the queue's claim logs (`<table>_claim_starts`)
+/// as a claim under the lock would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_within_the_partition_rate_commits_beside_a_locked_claim() {
+    let db = TestDb::new().await;
+    let minute = Duration::from_secs(60);
+    let (claim, logged) = a_rated_claim_ahead_after_a_locked_claim(&db, 5, minute, None).await;
+    assert_eq!(claim.unwrap(), (1, vec![]));
+    assert_eq!(in_flight(&db).await, 6);
+    assert_eq!(logged, 6, "five and one");
+    db.drop_db().await;
+}
+
+/// The queue's tally of the hour counted forty starts of other partitions, all in the slot
+/// after `a`'s, each claim counted per slot: the tally's sum leaves no room (forty against six
+/// a partition), but `a`'s slot does, so claims of `a` go ahead on the slots
+/// (`claim_rated.sql`'s bound).
+const FORTY_STARTS_BESIDE_A: &str = "
+    UPDATE queue_jobs_queues AS c
+    SET partition_tally = jsonb_build_object(
+            'per_ms', 3600000, 'since', w.now_ms - 7200000, 'bucket', w.bucket, 'jobs', 40,
+            'before', 0, 'slots_at', w.bucket, 'slots_jobs', 40, 'slot_before', 0),
+        partition_slots = (SELECT array_agg(CASE WHEN i = ((hashtextextended('a', 0) & 511) + 1) % 512 + 1
+                                                 THEN 40 ELSE 0 END ORDER BY i)
+                           FROM generate_series(1, 512) AS i)
+    FROM (SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS now_ms,
+                 floor(extract(epoch FROM clock_timestamp())::float8 * 1000 / 3600000)::bigint
+                     AS bucket) AS w
+    WHERE c.queue = 'default'";
+
+/// A claim ahead that went ahead on the slots of the tally counts, at its end, the starts a
+/// claim made in its partition's slot while it ran: six of `a` meanwhile, its one would make
+/// seven within the hour, so it fails, undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counts_the_starts_a_claim_made_in_its_partitions_slot() {
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3600);
+    let (claim, logged) =
+        a_rated_claim_ahead_after_a_locked_claim(&db, 6, hour, Some(FORTY_STARTS_BESIDE_A)).await;
+    assert_over_with_one(claim);
+    assert_eq!(in_flight(&db).await, 6);
+    assert_eq!(logged, 6, "the locked claim's starts alone");
+    let a_slot: i32 = sqlx::query_scalar(
+        "SELECT partition_slots[(hashtextextended('a', 0) & 511) + 1]
+         FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(a_slot, 6, "the slot of `a` counts the locked claim's six");
+    db.drop_db().await;
+}
+
+/// The same with five of `a` meanwhile: six within the hour, and the claim ahead commits,
+/// counting its start in the slot of `a`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_within_its_partitions_slot_commits_beside_a_locked_claim() {
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3600);
+    let (claim, logged) =
+        a_rated_claim_ahead_after_a_locked_claim(&db, 5, hour, Some(FORTY_STARTS_BESIDE_A)).await;
+    assert_eq!(claim.unwrap(), (1, vec![]));
+    assert_eq!(in_flight(&db).await, 6);
+    assert_eq!(logged, 6, "five and one");
+    let (a_slot, jobs): (i32, i64) = sqlx::query_as(
+        "SELECT partition_slots[(hashtextextended('a', 0) & 511) + 1],
+                (partition_tally ->> 'slots_jobs')::bigint
+         FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((a_slot, jobs), (6, 46), "both claims counted per slot");
+    db.drop_db().await;
 }
 
 /// Under max_per_partition (five), a claim ahead of jobs of one partition goes ahead only
@@ -3972,10 +4102,11 @@ async fn a_claim_ahead_counts_the_starts_a_claim_logged_while_it_ran() {
 }
 
 /// A claim ahead claims nothing when the room is not ample for four batches like its own (it
-/// says `binding`) or the queue has a rate per partition (it says `partitioned`); the queue
-/// handle then claims under the lock, within the limits.
+/// says `binding`); the queue handle then claims under the lock, within the limits. A rate per
+/// partition set where there was none starts its tally complete and empty, so the first claim
+/// goes ahead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock() {
+async fn a_claim_ahead_leaves_a_queue_near_its_limit_to_the_lock() {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, QueueLimits::NONE).await;
@@ -3987,7 +4118,7 @@ async fn a_claim_ahead_leaves_a_queue_near_its_limit_or_partitioned_to_the_lock(
         (Some(12), None, None, 3, (3, vec![])),
         // Jobs without a partition key: no limit per partition applies to them.
         (None, Some(1), None, 3, (3, vec![])),
-        (None, None, rate, 1, (0, vec!["partitioned".to_owned()])),
+        (None, None, rate, 1, (1, vec![])),
     ] {
         let limits = QueueLimits {
             max_in_flight,
