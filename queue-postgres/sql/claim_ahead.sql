@@ -29,7 +29,7 @@
 -- committed since (no snapshot is needed): read once, at one instant under the row's lock, by
 -- the SET that counts the claim in it (claim_count_tally.sql, the multi-column assignment of
 -- partition_tally and partition_slots), which fails the claim unless its jobs, takeovers
--- included (rate_claims), fit the tally's sum or each of their slots. A claim that fits is
+-- included (tally_claims), fit the tally's sum or each of their slots. A claim that fits is
 -- logged as a claim under the lock whose tally left room for it: one row of
 -- "{{table}}_claim_starts" (claim_started; folded into the partitions' logs when a claim must
 -- count per partition, fold_starts.sql), and every 64th claim prunes the rows that left the
@@ -181,14 +181,8 @@ due AS MATERIALIZED (
     SELECT * FROM plain WHERE (SELECT ok FROM fit)
 ),
 {{claim_picks}},
-rate_claims AS (
-    -- The claim's partitioned jobs, takeovers included, per slot of the tally of the rate per
-    -- partition (claim_slot.sql): what the check at the end bounds (read only with a rate per
-    -- partition).
-    SELECT {{rate_slot_claimed}} AS slot, count(*) AS jobs
-    FROM claimed AS cl
-    WHERE cl.partition_key IS NOT NULL
-    GROUP BY 1
+tally_claims AS MATERIALIZED (
+{{tally_claims}}
 ),
 logged AS (
     UPDATE "{{table}}_queues" AS c

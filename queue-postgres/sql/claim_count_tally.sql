@@ -2,7 +2,8 @@
 -- slots (partition_tally and partition_slots, claim_quota.sql says what they bound): the SET
 -- item of its UPDATE of "{{table}}_queues" AS c that writes both, from one read of the quota
 -- (claim_logged.sql and claim_ahead.sql render this in place of their count_tally token).
--- Tokens: quota, a subquery of one row read as q: tally_per_ms (NULL without a rate per
+-- Tokens: added, the claim's partitioned jobs per slot (claim_tally_claims.sql, computed before
+-- the row's lock is waited for); quota, a subquery of one row read as q: tally_per_ms (NULL without a rate per
 -- partition: both columns NULL), now_ms, the instant the claim counts by, slots_kept and
 -- unbound (claim_tally.sql's kept and unbound at that instant); fits, whether the claim may
 -- count at all (claim_ahead.sql's check at the same instant; true under the lock, where the
@@ -60,14 +61,12 @@
                WHEN NOT n.any THEN c.partition_slots
                WHEN w.same AND NOT q.slots_kept THEN NULL
                WHEN w.same AND q.unbound THEN c.partition_slots
-               ELSE (SELECT array_agg(COALESCE(CASE WHEN w.same THEN c.partition_slots[i] END, 0)
-                                      + COALESCE(a.jobs, 0)
-                                      ORDER BY i)
-                     FROM generate_series(1, {{slot_count}}) AS i
-                     LEFT JOIN (SELECT {{slot}} AS slot, count(*)::integer AS jobs
-                                FROM claimed AS cl
-                                WHERE cl.partition_key IS NOT NULL
-                                GROUP BY 1) AS a ON a.slot + 1 = i)
+               WHEN w.same
+               THEN ARRAY(SELECT COALESCE(t.counted, 0) + t.added
+                          FROM unnest(c.partition_slots, {{added}}) WITH ORDINALITY
+                               AS t(counted, added, i)
+                          ORDER BY i)
+               ELSE {{added}}
            END
     FROM {{quota}} AS q
     CROSS JOIN (SELECT count(*) > 0 AS any, count(*) AS all_jobs,

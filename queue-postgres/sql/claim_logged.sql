@@ -19,6 +19,9 @@
 -- full form). The per-partition logging is claim_logged_partitions.sql, rendered in place of
 -- the partition_logs token (nothing in the lean form).
 {{partition_logs}}
+tally_claims AS MATERIALIZED (
+{{tally_claims}}
+),
 flight_claims AS (
     -- The claim's new partitioned jobs (takeovers were in flight already) per slot of the
     -- counts of jobs put in flight, all slots in order (claim_slot.sql, counted_slots: read

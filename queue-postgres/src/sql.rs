@@ -51,6 +51,7 @@ pub(crate) const CLAIM_SLOTS_WHOLE: Template = template!("claim_slots_whole.sql"
 pub(crate) const CLAIM_COUNT_SLOTS: Template = template!("claim_count_slots.sql");
 pub(crate) const CLAIM_TALLY: Template = template!("claim_tally.sql");
 pub(crate) const CLAIM_COUNT_TALLY: Template = template!("claim_count_tally.sql");
+pub(crate) const CLAIM_TALLY_CLAIMS: Template = template!("claim_tally_claims.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -491,6 +492,7 @@ impl LimitedEnds {
                 ("flight_slot", &flight_slot),
                 ("count_slots", &counted),
                 ("count_tally", &count_tally(table, "quota", "true")?),
+                ("tally_claims", &tally_claims(table)?),
             ],
         )?;
         Ok(Self {
@@ -594,9 +596,9 @@ fn tally(table: &TableName, row: &str, now_ms: &str, jobs: &str) -> Result<Strin
 }
 
 /// `claim_count_tally.sql` reading its quota from `quota` (a relation or a subquery of one
-/// row) and counting the claim when `fits` holds (an SQL expression).
+/// row) and counting the claim when `fits` holds (an SQL expression); the claim's jobs per slot
+/// are the CTE `tally_claims` (`claim_tally_claims.sql`).
 fn count_tally(table: &TableName, quota: &str, fits: &str) -> Result<String, PgError> {
-    let slot = slot_of("cl.partition_key", PARTITION_SLOTS)?;
     for_table_with(
         CLAIM_COUNT_TALLY,
         table,
@@ -604,9 +606,19 @@ fn count_tally(table: &TableName, quota: &str, fits: &str) -> Result<String, PgE
             ("quota", quota),
             ("fits", fits),
             ("over", AHEAD_OVER),
-            ("slot", &slot),
+            ("added", TALLY_CLAIMS),
         ],
     )
+}
+
+/// The claim's jobs per slot of the tally, as `claim_count_tally.sql` and the claim ahead's
+/// check read them.
+const TALLY_CLAIMS: &str = "(SELECT jobs FROM tally_claims)";
+
+/// `claim_tally_claims.sql` for `table`, the body of the CTE `tally_claims`.
+fn tally_claims(table: &TableName) -> Result<String, PgError> {
+    let slot = slot_of("cl.partition_key", PARTITION_SLOTS)?;
+    for_table_with(CLAIM_TALLY_CLAIMS, table, &[("slot", &slot)])
 }
 
 /// `claim_slots_whole.sql` for `slots` (an SQL expression of a `counted_slots` value).
@@ -653,13 +665,15 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
          g.slot_base, g.slot_counts \
          FROM (SELECT {AHEAD_NOW_MS} AS now_ms) AS x CROSS JOIN LATERAL ({row_tally}) AS g)"
     );
-    let counted_tally = count_tally(
-        table,
-        &quota,
-        "(q.unbound OR (q.usable AND NOT EXISTS (SELECT 1 FROM rate_claims AS a \
-         WHERE (q.slot_base + q.slot_counts[a.slot + 1] + a.jobs > c.partition_rate_starts) \
-         IS NOT FALSE)))",
-    )?;
+    // Each slot with jobs of the claim within the rate by the tally's count of it, read in one
+    // pass of both arrays (a count missing binds).
+    let fits = format!(
+        "(q.unbound OR (q.usable AND NOT EXISTS (SELECT 1 \
+         FROM unnest(q.slot_counts, {TALLY_CLAIMS}) AS t(counted, added) \
+         WHERE t.added > 0 \
+         AND (q.slot_base + t.counted + t.added > c.partition_rate_starts) IS NOT FALSE)))"
+    );
+    let counted_tally = count_tally(table, &quota, &fits)?;
     for_table_with(
         CLAIM_AHEAD,
         table,
@@ -678,10 +692,7 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
                 "rate_slot_pick",
                 &slot_of("p.partition_key", PARTITION_SLOTS)?,
             ),
-            (
-                "rate_slot_claimed",
-                &slot_of("cl.partition_key", PARTITION_SLOTS)?,
-            ),
+            ("tally_claims", &tally_claims(table)?),
         ],
     )
 }

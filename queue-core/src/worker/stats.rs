@@ -98,7 +98,10 @@ mod tests {
         let at = RunAt::Now;
         let actions = [
             Finalize::Complete,
-            Finalize::Retry { at, error: "e".into() },
+            Finalize::Retry {
+                at,
+                error: "e".into(),
+            },
             Finalize::Fail { error: "e".into() },
             Finalize::Cancel { reason: "r".into() },
             Finalize::Release,
