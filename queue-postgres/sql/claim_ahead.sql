@@ -26,22 +26,27 @@
 -- (claim_tally.sql, claim_quota.sql says how it bounds a partition's starts) leaves room for
 -- $8 claims of the batch in its sum, or for $8 times each picked slot's picks in the slot. At
 -- the end the claim is bounded by the newest row's tally alone, which counts every claim
--- committed since (no snapshot is needed): read once, at one instant under the row's lock, by
--- the SET that counts the claim in it (claim_count_tally.sql, the multi-column assignment of
+-- committed since (no snapshot is needed): read once, at one instant, by the SET that counts
+-- the claim in it (claim_count_tally.sql, the multi-column assignment of
 -- partition_tally and partition_slots), which fails the claim unless its jobs, takeovers
 -- included (tally_claims), fit the tally's sum or each of their slots. A claim that fits is
 -- logged as a claim under the lock whose tally left room for it: one row of
 -- "{{table}}_claim_starts" (claim_started; folded into the partitions' logs when a claim must
 -- count per partition, fold_starts.sql), and every 64th claim prunes the rows that left the
 -- window; the partitions' own logs ("{{table}}_starts") are written and pruned by claims
--- under the lock only. When the row was only locked, not updated, while the claim waited, the
--- SET is not evaluated again and its instant is the one the wait began at: the tally did not
--- change meanwhile, and the claim is counted at that earlier instant, where its check ran.
+-- under the lock only. The instant is read under the row's lock when another claim wrote the
+-- row while this one waited (the SET is evaluated again on the newest version); when the row
+-- was only locked meanwhile, it is the instant the wait began at, and the claim fails if that
+-- is more than {{late_ms}} ms before its write ends (logged's counted_late, below).
 --
--- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate and
--- max_per_partition (the limits, not the turns: far from the limit the partitions need none,
--- and the jobs are taken in claim order, as claim_limited.sql's own pick does). The check runs on the row as the last claim to hold it committed it (an
--- UPDATE reads the newest version of a row it waited for). The queue's jobs in flight are at
+-- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate,
+-- max_per_partition and the rate per partition (the limits, not the turns: far from the limit
+-- the partitions need none, and the jobs are taken in claim order, as claim_limited.sql's own
+-- pick does), the rates by the instants they count each claim at: a claim under the lock, the
+-- instant after its lock, which it stamps as claimed_at; a claim ahead, the instant its last
+-- write reads (below), at most {{late_ms}} ms before that write ends. The check runs on the
+-- row as the last claim to hold it committed it (an UPDATE reads the newest version of a row
+-- it waited for). The queue's jobs in flight are at
 -- most the snapshot's in-flight rows, plus the jobs the claims that committed since put in
 -- flight (the row's counted_jobs since the snapshot's; table migration 20261210000001), plus
 -- this claim's new jobs; the claims that committed since each counted theirs when the row's
@@ -57,21 +62,24 @@
 -- within the limit. Counts not whole (claim_slots_whole.sql) fail it too, and so does a claim
 -- that started them again since the snapshot (it does not move slotted_claims; set_limits.sql
 -- moves claims when it does). The counts are trusted as the claims write them: a row put back
--- from an older backup while claims run is not detected. The rate counts the row's
--- log of starts at
--- the moment of the check, and logs the claim at it (clock_timestamp read in the update's
--- WHERE and SET, which run again on the newest version when a claim updated the row while
--- this one waited for it: a value read in its FROM would be the instant it began to wait, and
--- miss entries that claim pruned. When the row was only locked meanwhile, they are not run
--- again and the instant is the one the wait began at: the log did not change meanwhile, so
--- the count is the same, and its entries only expire). Every claim of the queue checks under
+-- from an older backup while claims run is not detected. The rate counts the row's log of
+-- starts at the moment of the check, and logs the claim at it (clock_timestamp read in the
+-- update's WHERE and SET, which run again on the newest version when a claim updated the row
+-- while this one waited for it: a value read in its FROM would be the instant it began to
+-- wait, and miss entries that claim pruned). When the row was only locked meanwhile, they are
+-- not run again and the instant is the one the wait began at: the log did not change
+-- meanwhile, so the count is the same, but the claim would be logged, and leave later claims'
+-- windows, earlier than its jobs start by the wait; so a claim counted more than {{late_ms}} ms
+-- before its write ends fails (counted_late, read in logged's RETURNING, which is evaluated
+-- once the write is done). Every claim of the queue checks under
 -- the row's lock, so no two pass the check on the same room. The claim's own rows are written
 -- before the check: their claimed_at, and the lease counted from it, is the statement's start
--- (now()), earlier than the instant the rate counts the claim by, by the statement's run and
--- its wait for the lock (a row is written once per statement).
+-- (now()), earlier than the instant the rates count the claim by, by the statement's run and
+-- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
+-- show more starts within a window than it allows, by that drift.
 --
--- A claim that fails the check must not commit, and a statement cannot undo its own writes; an error can: the statement then fails
--- with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
+-- A claim that fails the check must not commit, and a statement cannot undo its own writes; an
+-- error can: the statement then fails with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
 -- job count so that the planner cannot fold it into a constant and raise it while planning).
 -- Nothing it wrote stays; the caller claims again under the lock. It is rare: the claims that
 -- committed while this one ran must have used up the margin.
@@ -117,6 +125,8 @@ rate_room AS MATERIALIZED (
     -- that commit meanwhile and pick alike add about that much to it). Takeovers are left to
     -- the check at the end, which counts them. Read only with a rate per partition.
     SELECT g.unbound
+           -- Jobs without a partition key are not limited per partition.
+           OR NOT EXISTS (SELECT 1 FROM plain AS p WHERE p.partition_key IS NOT NULL)
            OR (g.usable
                AND NOT EXISTS (
                        SELECT 1
@@ -227,7 +237,24 @@ logged AS (
                + n.all_jobs <= c.rate_starts)
     RETURNING c.claims, c.partition_rate_per_ms,
               (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
-                  AS rated
+                  AS rated,
+              -- The rates counted the claim at the instant their check read (the queue's
+              -- rate: its log's last entry; the rate per partition: the tally's 'at'). When
+              -- the row was only locked, not written, while the claim waited for it, the
+              -- WHERE and the SET are not evaluated again, and that instant is the one the
+              -- wait began at, while the claim's jobs start once its write is done: a claim
+              -- counted more than {{late_ms}} ms before the end of its write fails (undone; the
+              -- caller claims under the lock) instead of being counted early, where later
+              -- claims would let it leave their windows too soon.
+              CASE WHEN extract(epoch FROM clock_timestamp())::float8 * 1000
+                        - LEAST(CASE WHEN c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL
+                                     THEN (c.rate_log -> -1 ->> 0)::float8 END,
+                                CASE WHEN c.partition_rate_starts IS NOT NULL
+                                          AND c.partition_rate_per_ms IS NOT NULL
+                                     THEN (c.partition_tally ->> 'at')::float8 END)
+                        > {{late_ms}}
+                   THEN ('{{over}} with ' || (SELECT count(*) FROM claimed) || ' jobs')::bigint
+              END AS counted_late
 ),
 claim_started AS (
     -- With a rate per partition, the claim's jobs per partition in one row of

@@ -15,6 +15,9 @@
                WHEN q.tally_per_ms IS NULL THEN NULL
                WHEN NOT n.any THEN c.partition_tally
                WHEN NOT {{fits}} THEN ('{{over}} with ' || n.all_jobs || ' jobs')::bigint::text::jsonb
+               -- Each claim counted leaves its instant as 'at' (claim_ahead.sql compares it with
+               -- the clock once its write is done).
+               ELSE (CASE
                -- No tally, or another window length: start again.
                WHEN (c.partition_tally ->> 'per_ms')::bigint IS DISTINCT FROM q.tally_per_ms
                THEN jsonb_build_object('per_ms', q.tally_per_ms, 'since', q.now_ms,
@@ -50,6 +53,7 @@
                     || jsonb_build_object('bucket', b.bucket, 'jobs', n.jobs, 'before', 0,
                                           'slots_at', b.bucket, 'slots_jobs', n.jobs,
                                           'slot_before', 0)
+               END) || jsonb_build_object('at', q.now_ms)
            END,
            -- Rewritten whole ({{slot_count}} counts) when the claim counts in them: not while the
            -- tally's sum left room for the claim (its jobs then stay untracked, charged to

@@ -665,10 +665,10 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
          g.slot_base, g.slot_counts \
          FROM (SELECT {AHEAD_NOW_MS} AS now_ms) AS x CROSS JOIN LATERAL ({row_tally}) AS g)"
     );
-    // Each slot with jobs of the claim within the rate by the tally's count of it, read in one
-    // pass of both arrays (a count missing binds).
+    // No partitioned job, or each slot with jobs of the claim within the rate by the tally's
+    // count of it, read in one pass of both arrays (a count missing binds).
     let fits = format!(
-        "(q.unbound OR (q.usable AND NOT EXISTS (SELECT 1 \
+        "(n.jobs = 0 OR q.unbound OR (q.usable AND NOT EXISTS (SELECT 1 \
          FROM unnest(q.slot_counts, {TALLY_CLAIMS}) AS t(counted, added) \
          WHERE t.added > 0 \
          AND (q.slot_base + t.counted + t.added > c.partition_rate_starts) IS NOT FALSE)))"
@@ -693,13 +693,23 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
                 &slot_of("p.partition_key", PARTITION_SLOTS)?,
             ),
             ("tally_claims", &tally_claims(table)?),
+            ("late_ms", &AHEAD_COUNTED_LATE_MS.to_string()),
         ],
     )
 }
 
+/// How long before the end of its write a claim ahead may have been counted by the rates, in
+/// milliseconds: longer, and it fails and claims again under the lock (`claim_ahead.sql`).
+/// It is that long only when the queue's row was locked but not written while the claim
+/// waited for it (PostgreSQL then keeps the values its update computed before the wait);
+/// otherwise the two are microseconds apart, and a loaded machine's scheduling pauses stay
+/// well within it.
+pub(crate) const AHEAD_COUNTED_LATE_MS: u32 = 25;
+
 /// The instant a claim ahead counts its rate per partition by, in epoch milliseconds: the
-/// clock when it is read (a claim ahead reads it for its snapshot's tally, and again under the
-/// queue's row lock for the newest row's).
+/// clock when it is read (a claim ahead reads it for its snapshot's tally, and again when its
+/// last write computes the newest row's: after the wait for the row when another claim wrote
+/// it meanwhile, and within [`AHEAD_COUNTED_LATE_MS`] of the write's end in any case).
 const AHEAD_NOW_MS: &str = "extract(epoch FROM clock_timestamp())::float8 * 1000";
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.

@@ -3605,6 +3605,117 @@ async fn a_claim_ahead_killed_while_it_waits(
     assert_eq!(after.claim(req(3)).await.unwrap().jobs.len(), 3);
 }
 
+/// A transaction holds the default queue's row locked, running `meanwhile` (or nothing), while
+/// a claim ahead of three waits for it; it commits once the claim has waited a tenth of a
+/// second by the database's clock. Returns the claim ahead's jobs and markers, or its error.
+async fn claim_ahead_behind_a_long_lock(
+    db: &TestDb,
+    meanwhile: Option<&'static str>,
+) -> Result<(usize, Vec<String>), sqlx::Error> {
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    if let Some(sql) = meanwhile {
+        sqlx::query(sql).execute(&mut *holder).await.unwrap();
+    }
+    let ahead = spawn_claim_ahead(db, "ahead", 3);
+    wait_for_activity(
+        db,
+        "wait_event_type = 'Lock' AND clock_timestamp() - query_start > interval '100 milliseconds'",
+        "the claim ahead never waited a tenth of a second for the queue's row",
+    )
+    .await;
+    holder.commit().await.unwrap();
+    ahead.await.unwrap()
+}
+
+/// The limits a claim ahead is counted by early when the row was only locked: a rate of the
+/// queue, or a rate per partition (the jobs of partition `a`).
+async fn rated_ahead_of_a_long_lock(db: &TestDb, per_partition: bool) {
+    let rate = Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap());
+    if per_partition {
+        eight_jobs_of_a_limited(
+            db,
+            queue_core::QueueLimits {
+                rate_per_partition: rate,
+                ..queue_core::QueueLimits::NONE
+            },
+        )
+        .await;
+    } else {
+        let limits = queue_core::QueueLimits {
+            rate,
+            ..queue_core::QueueLimits::NONE
+        };
+        twenty_jobs_under::<queue_postgres::Sqlx>(db, limits).await;
+    }
+}
+
+/// A claim ahead that waited for a row only locked, not written, meanwhile: PostgreSQL keeps
+/// what its update computed before the wait, so the rates would count it at the instant the
+/// wait began, a tenth of a second before its jobs start, and later claims would let it leave
+/// their windows that much too soon. It fails instead, undone (the caller claims under the
+/// lock), under a rate of the queue and under a rate per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_counted_before_a_long_wait_for_a_lock_alone_fails() {
+    for per_partition in [false, true] {
+        let db = TestDb::new().await;
+        rated_ahead_of_a_long_lock(&db, per_partition).await;
+        assert_over(claim_ahead_behind_a_long_lock(&db, None).await);
+        assert_eq!(in_flight(&db).await, 0, "per partition: {per_partition}");
+        db.drop_db().await;
+    }
+}
+
+/// The same wait for a holder that wrote the row: the claim's update is computed again on the
+/// newest row after the wait, by the clock then, and it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_after_a_long_wait_for_a_write_is_counted_after_it() {
+    for per_partition in [false, true] {
+        let db = TestDb::new().await;
+        rated_ahead_of_a_long_lock(&db, per_partition).await;
+        let written = "UPDATE queue_jobs_queues SET updated_at = now() WHERE queue = 'default'";
+        let claim = claim_ahead_behind_a_long_lock(&db, Some(written)).await;
+        assert_eq!(
+            claim.unwrap(),
+            (3, vec![]),
+            "per partition: {per_partition}"
+        );
+        assert_eq!(in_flight(&db).await, 3);
+        db.drop_db().await;
+    }
+}
+
+/// Jobs without a partition key are not limited per partition: a claim ahead of them goes
+/// ahead and commits whatever the tally of the rate per partition says, here one that has not
+/// yet counted a whole window (as after its window changed), which bounds no partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_of_jobs_without_a_partition_key_needs_no_partition_tally() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(1, Duration::from_secs(60)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    sqlx::query(
+        "UPDATE queue_jobs_queues
+         SET partition_tally = partition_tally
+             || jsonb_build_object('since', extract(epoch FROM clock_timestamp()) * 1000)
+         WHERE queue = 'default'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let sql = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ahead = raw_claim(&mut conn, sql, 3, "ahead", Some(4)).await;
+    assert_eq!(ahead.unwrap(), (3, vec![]));
+    assert_eq!(in_flight(&db).await, 3);
+    db.drop_db().await;
+}
+
 /// A claim ahead whose statement spans changes of the queue's limits: it took its snapshot
 /// under a limit of twelve, and while it wrote its jobs the limits were removed, another handle
 /// claimed ten without them (`claim.sql`, which counts nothing on the row), and the limit was
