@@ -73,9 +73,12 @@
                ELSE {{added}}
            END
     FROM {{quota}} AS q
-    CROSS JOIN (SELECT count(*) > 0 AS any, count(*) AS all_jobs,
-                       count(*) FILTER (WHERE partition_key IS NOT NULL) AS jobs
-                FROM claimed) AS n
+    -- Without a rate per partition nothing is read: the condition on q alone is checked once,
+    -- before claimed is (both columns are then NULL).
+    CROSS JOIN LATERAL (SELECT count(*) > 0 AS any, count(*) AS all_jobs,
+                               count(*) FILTER (WHERE partition_key IS NOT NULL) AS jobs
+                        FROM claimed
+                        WHERE q.tally_per_ms IS NOT NULL) AS n
     CROSS JOIN LATERAL (SELECT floor(q.now_ms / q.tally_per_ms)::bigint AS bucket) AS b
     CROSS JOIN LATERAL (
         SELECT (c.partition_tally ->> 'per_ms')::bigint IS NOT DISTINCT FROM q.tally_per_ms

@@ -2512,8 +2512,10 @@ const MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS: &str = "SELECT COALESCE(max(n),
 /// partition's claims, read from the table all along (`claimed_at`, each job claimed once),
 /// never number more than two within any two seconds (less a millisecond: the rate's log keeps
 /// milliseconds as floating point), and the rate binds (six jobs of a partition take at least
-/// two windows to start). A limited claim stamps `claimed_at` with the instant its limits count
-/// by (after the queue's lock), so the table shows each claim where the rate placed it.
+/// two windows to start). A limited claim under the queue's lock stamps `claimed_at` with the
+/// instant its limits count by (after the lock), so the table shows each claim where the rate
+/// placed it; at two starts a window, below the claims ahead's margin of four claims, no claim
+/// goes ahead of the lock (a claim ahead's `claimed_at` precedes the instant it is counted by).
 #[test]
 fn worker_processes_never_exceed_the_partition_rate() {
     let limits = queue_core::QueueLimits {
