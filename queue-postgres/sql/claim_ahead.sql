@@ -46,12 +46,12 @@
 -- instant after its lock, which it stamps as claimed_at; a claim ahead, the instant its last
 -- write reads (below), at most {{late_ms}} ms before that write ends. The check runs on the
 -- row as the last claim to hold it committed it (an UPDATE reads the newest version of a row
--- it waited for). The queue's jobs in flight are at
--- most the snapshot's in-flight rows, plus the jobs the claims that committed since put in
--- flight (the row's counted_jobs since the snapshot's; table migration 20261210000001), plus
--- this claim's new jobs; the claims that committed since each counted theirs when the row's
--- claims counter moved as far as counted_claims (a claim of a release without those columns
--- moves claims alone: then the check fails; so does a change of the limits, set_limits.sql).
+-- it waited for). The queue's jobs in flight are at most the snapshot's in-flight rows, plus
+-- the jobs the claims that committed since put in flight (the row's counted_jobs since the
+-- snapshot's; table migration 20261210000001), plus this claim's new jobs; the claims that
+-- committed since each counted theirs when the row's claims counter moved as far as
+-- counted_claims (a claim of a release without those columns moves claims alone: then the
+-- check fails; so does a change of the limits, set_limits.sql).
 -- With max_per_partition a claim also counts its new jobs (or its picks, which include them)
 -- per slot of their partition keys (counted_slots, table migration 20261211000001: running
 -- totals of 128 slots, claim_slot.sql) and itself in slotted_claims; when the row's claims
@@ -71,16 +71,17 @@
 -- meanwhile, so the count is the same, but the claim would be logged, and leave later claims'
 -- windows, earlier than its jobs start by the wait; so a claim counted more than {{late_ms}} ms
 -- before its write ends fails (counted_late, read in logged's RETURNING, which is evaluated
--- once the write is done). Every claim of the queue checks under
--- the row's lock, so no two pass the check on the same room. The claim's own rows are written
+-- once the write is done). Every claim of the queue checks under the row's lock, so no two
+-- pass the check on the same room. The claim's own rows are written
 -- before the check: their claimed_at, and the lease counted from it, is the statement's start
 -- (now()), earlier than the instant the rates count the claim by, by the statement's run and
 -- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
 -- show more starts within a window than it allows, by that drift.
 --
 -- A claim that fails the check must not commit, and a statement cannot undo its own writes; an
--- error can: the statement then fails with SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's
--- job count so that the planner cannot fold it into a constant and raise it while planning).
+-- error can: the statement then fails with SQLSTATE 22P02 and a message naming {{over}} (a
+-- cast of that text, made of the claim's job count so that the planner cannot fold it into a
+-- constant and raise it while planning).
 -- Nothing it wrote stays; the caller claims again under the lock. It is rare: the claims that
 -- committed while this one ran must have used up the margin.
 WITH seen AS MATERIALIZED (

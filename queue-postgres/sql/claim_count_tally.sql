@@ -2,14 +2,14 @@
 -- slots (partition_tally and partition_slots, claim_quota.sql says what they bound): the SET
 -- item of its UPDATE of "{{table}}_queues" AS c that writes both, from one read of the quota
 -- (claim_logged.sql and claim_ahead.sql render this in place of their count_tally token).
--- Tokens: added, the claim's partitioned jobs per slot (claim_tally_claims.sql, computed before
--- the row's lock is waited for); quota, a subquery of one row read as q: tally_per_ms (NULL without a rate per
--- partition: both columns NULL), now_ms, the instant the claim counts by, slots_kept and
--- unbound (claim_tally.sql's kept and unbound at that instant); fits, whether the claim may
--- count at all (claim_ahead.sql's check at the same instant; true under the lock, where the
--- quota already bounded the claim), and over, the text of the error a claim that does not fit
--- fails with (a cast of it, made of the claim's job count so that the planner cannot fold it
--- into a constant and raise it while planning).
+-- Tokens: added, the claim's partitioned jobs per slot (claim_tally_claims.sql, computed
+-- before the row's lock is waited for); quota, a subquery of one row read as q: tally_per_ms
+-- (NULL without a rate per partition: both columns NULL), now_ms, the instant the claim counts
+-- by (the tally keeps it as 'at'), slots_kept and unbound (claim_tally.sql's kept and unbound
+-- at that instant); fits, whether the claim may count at all (claim_ahead.sql's check at the
+-- same instant; true under the lock, where the quota already bounded the claim), and over, the
+-- text of the error a claim that does not fit fails with (a cast of it, made of the claim's job
+-- count so that the planner cannot fold it into a constant and raise it while planning).
 (partition_tally, partition_slots) = (
     SELECT CASE
                WHEN q.tally_per_ms IS NULL THEN NULL
