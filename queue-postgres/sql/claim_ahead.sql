@@ -34,17 +34,14 @@
 -- "{{table}}_claim_starts" (claim_started; folded into the partitions' logs when a claim must
 -- count per partition, fold_starts.sql), and every 64th claim prunes the rows that left the
 -- window; the partitions' own logs ("{{table}}_starts") are written and pruned by claims
--- under the lock only. The instant is read under the row's lock when another claim wrote the
--- row while this one waited (the SET is evaluated again on the newest version); when the row
--- was only locked meanwhile, it is the instant the wait began at, and the claim fails if that
--- is more than {{late_ms}} ms before its write ends (logged's counted_late, below).
+-- under the lock only. The instant is read once the claim holds the row's lock (row_locked).
 --
 -- Guarantees: claim.sql's, and claim_limited.sql's for max_in_flight, the rate,
 -- max_per_partition and the rate per partition (the limits, not the turns: far from the limit
 -- the partitions need none, and the jobs are taken in claim order, as claim_limited.sql's own
 -- pick does), the rates by the instants they count each claim at: a claim under the lock, the
 -- instant after its lock, which it stamps as claimed_at; a claim ahead, the instant its last
--- write reads (below), at most {{late_ms}} ms before that write ends. The check runs on the
+-- write reads once it holds the row's lock (row_locked). The check runs on the
 -- row as the last claim to hold it committed it (an UPDATE reads the newest version of a row
 -- it waited for). The queue's jobs in flight are at most the snapshot's in-flight rows, plus
 -- the jobs the claims that committed since put in flight (the row's counted_jobs since the
@@ -64,15 +61,11 @@
 -- moves claims when it does). The counts are trusted as the claims write them: a row put back
 -- from an older backup while claims run is not detected. The rate counts the row's log of
 -- starts at the moment of the check, and logs the claim at it (clock_timestamp read in the
--- update's WHERE and SET, which run again on the newest version when a claim updated the row
--- while this one waited for it: a value read in its FROM would be the instant it began to
--- wait, and miss entries that claim pruned). When the row was only locked meanwhile, they are
--- not run again and the instant is the one the wait began at: the log did not change
--- meanwhile, so the count is the same, but the claim would be logged, and leave later claims'
--- windows, earlier than its jobs start by the wait; so a claim counted more than {{late_ms}} ms
--- before its write ends fails (counted_late, read in logged's RETURNING, which is evaluated
--- once the write is done). Every claim of the queue checks under the row's lock, so no two
--- pass the check on the same room. The claim's own rows are written
+-- update's WHERE and SET, evaluated once the claim holds the row's lock (row_locked, which
+-- waits for it first), and again on the newest version when a claim updated the row
+-- meanwhile: a value read in its FROM would be the instant it began to wait, and miss entries
+-- that claim pruned). Every claim of the queue checks under the row's lock, so no two pass the
+-- check on the same room. The claim's own rows are written
 -- before the check: their claimed_at, and the lease counted from it, is the statement's start
 -- (now()), earlier than the instant the rates count the claim by, by the statement's run and
 -- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
@@ -195,6 +188,27 @@ due AS MATERIALIZED (
 tally_claims AS MATERIALIZED (
 {{tally_claims}}
 ),
+row_locked AS MATERIALIZED (
+    -- With a rate (of the queue or per partition, as the snapshot shows them), the queue's
+    -- row, locked once the claim has jobs, before logged computes its update: logged reads
+    -- this first (an uncorrelated EXISTS, run before its scan), so whatever held the row
+    -- meanwhile, the clock its checks and counts read comes after the wait for the row.
+    -- Without it, a wait for a row only locked, not written, meanwhile would keep the values
+    -- the update computed before the wait (PostgreSQL computes them again only for a row
+    -- written meanwhile), and the rates would count the claim at the instant the wait began,
+    -- earlier than its jobs start by the wait. Limits without a clock need no such step (it
+    -- would hold the row while the update computes): a rate set since the snapshot moved the
+    -- row's claims counter (set_limits.sql), which fails the check.
+    SELECT c.queue
+    FROM "{{table}}_queues" AS c
+    WHERE c.queue = $1
+      AND EXISTS (SELECT 1 FROM claimed)
+      AND EXISTS (SELECT 1 FROM seen AS s
+                  WHERE (s.rate_starts IS NOT NULL AND s.rate_per_ms IS NOT NULL)
+                     OR (s.partition_rate_starts IS NOT NULL
+                         AND s.partition_rate_per_ms IS NOT NULL))
+    FOR UPDATE
+),
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
@@ -215,6 +229,11 @@ logged AS (
          (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
           FROM claimed) AS n
     WHERE c.queue = $1
+      AND (EXISTS (SELECT 1 FROM row_locked)
+           OR NOT EXISTS (SELECT 1 FROM seen AS t
+                          WHERE (t.rate_starts IS NOT NULL AND t.rate_per_ms IS NOT NULL)
+                             OR (t.partition_rate_starts IS NOT NULL
+                                 AND t.partition_rate_per_ms IS NOT NULL)))
       AND n.all_jobs > 0
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
       AND (c.max_in_flight IS NULL
@@ -238,24 +257,7 @@ logged AS (
                + n.all_jobs <= c.rate_starts)
     RETURNING c.claims, c.partition_rate_per_ms,
               (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
-                  AS rated,
-              -- The rates counted the claim at the instant their check read (the queue's
-              -- rate: its log's last entry; the rate per partition: the tally's 'at'). When
-              -- the row was only locked, not written, while the claim waited for it, the
-              -- WHERE and the SET are not evaluated again, and that instant is the one the
-              -- wait began at, while the claim's jobs start once its write is done: a claim
-              -- counted more than {{late_ms}} ms before the end of its write fails (undone; the
-              -- caller claims under the lock) instead of being counted early, where later
-              -- claims would let it leave their windows too soon.
-              CASE WHEN extract(epoch FROM clock_timestamp())::float8 * 1000
-                        - LEAST(CASE WHEN c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL
-                                     THEN (c.rate_log -> -1 ->> 0)::float8 END,
-                                CASE WHEN c.partition_rate_starts IS NOT NULL
-                                          AND c.partition_rate_per_ms IS NOT NULL
-                                     THEN (c.partition_tally ->> 'at')::float8 END)
-                        > {{late_ms}}
-                   THEN ('{{over}} with ' || (SELECT count(*) FROM claimed) || ' jobs')::bigint
-              END AS counted_late
+                  AS rated
 ),
 claim_started AS (
     -- With a rate per partition, the claim's jobs per partition in one row of

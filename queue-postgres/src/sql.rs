@@ -693,23 +693,13 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
                 &slot_of("p.partition_key", PARTITION_SLOTS)?,
             ),
             ("tally_claims", &tally_claims(table)?),
-            ("late_ms", &AHEAD_COUNTED_LATE_MS.to_string()),
         ],
     )
 }
 
-/// How long before the end of its write a claim ahead may have been counted by the rates, in
-/// milliseconds: longer, and it fails and claims again under the lock (`claim_ahead.sql`).
-/// It is that long only when the queue's row was locked but not written while the claim
-/// waited for it (PostgreSQL then keeps the values its update computed before the wait);
-/// otherwise the two are microseconds apart, and a loaded machine's scheduling pauses stay
-/// well within it.
-pub(crate) const AHEAD_COUNTED_LATE_MS: u32 = 25;
-
 /// The instant a claim ahead counts its rate per partition by, in epoch milliseconds: the
-/// clock when it is read (a claim ahead reads it for its snapshot's tally, and again when its
-/// last write computes the newest row's: after the wait for the row when another claim wrote
-/// it meanwhile, and within [`AHEAD_COUNTED_LATE_MS`] of the write's end in any case).
+/// clock when it is read (a claim ahead reads it for its snapshot's tally, and again for the
+/// newest row's once it holds the queue's row lock).
 const AHEAD_NOW_MS: &str = "extract(epoch FROM clock_timestamp())::float8 * 1000";
 
 /// `claim_turns.sql` for `table`: the claim of a queue whose partitions take turns.

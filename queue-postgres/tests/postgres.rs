@@ -3609,11 +3609,12 @@ async fn a_claim_ahead_killed_while_it_waits(
 
 /// A transaction holds the default queue's row locked, running `meanwhile` (or nothing), while
 /// a claim ahead of three waits for it; it commits once the claim has waited a tenth of a
-/// second by the database's clock. Returns the claim ahead's jobs and markers, or its error.
+/// second by the database's clock. Returns the claim ahead's jobs and markers, or its error,
+/// and the clock (epoch milliseconds) the holder read just before its commit.
 async fn claim_ahead_behind_a_long_lock(
     db: &TestDb,
     meanwhile: Option<&'static str>,
-) -> Result<(usize, Vec<String>), sqlx::Error> {
+) -> (Result<(usize, Vec<String>), sqlx::Error>, f64) {
     let mut holder = db.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
         .execute(&mut *holder)
@@ -3629,12 +3630,28 @@ async fn claim_ahead_behind_a_long_lock(
         "the claim ahead never waited a tenth of a second for the queue's row",
     )
     .await;
+    let released: f64 =
+        sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8 * 1000")
+            .fetch_one(&mut *holder)
+            .await
+            .unwrap();
     holder.commit().await.unwrap();
-    ahead.await.unwrap()
+    (ahead.await.unwrap(), released)
 }
 
-/// The limits a claim ahead is counted by early when the row was only locked: a rate of the
-/// queue, or a rate per partition (the jobs of partition `a`).
+/// The instant the rates counted the default queue's last claim at, in epoch milliseconds:
+/// the rate log's last entry, or the tally's `at` with a rate per partition.
+async fn last_counted_at(db: &TestDb, per_partition: bool) -> f64 {
+    let sql = if per_partition {
+        "SELECT (partition_tally ->> 'at')::float8 FROM queue_jobs_queues WHERE queue = 'default'"
+    } else {
+        "SELECT (rate_log -> -1 ->> 0)::float8 FROM queue_jobs_queues WHERE queue = 'default'"
+    };
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
+}
+
+/// A queue with twenty jobs under a rate of a hundred a minute: a rate of the queue, or a rate
+/// per partition (then eight jobs of partition `a`).
 async fn rated_ahead_of_a_long_lock(db: &TestDb, per_partition: bool) {
     let rate = Some(queue_core::RateLimit::new(100, Duration::from_secs(60)).unwrap());
     if per_partition {
@@ -3655,38 +3672,33 @@ async fn rated_ahead_of_a_long_lock(db: &TestDb, per_partition: bool) {
     }
 }
 
-/// A claim ahead that waited for a row only locked, not written, meanwhile: PostgreSQL keeps
-/// what its update computed before the wait, so the rates would count it at the instant the
-/// wait began, a tenth of a second before its jobs start, and later claims would let it leave
-/// their windows that much too soon. It fails instead, undone (the caller claims under the
-/// lock), under a rate of the queue and under a rate per partition.
+/// A claim ahead that waited for the queue's row while a transaction held it, locked only or
+/// written: the rates count it by the clock after the wait, not at the instant the wait began
+/// (PostgreSQL computes an update's values again after a wait only for a row written
+/// meanwhile; the claim takes the row's lock before computing them), so later claims never
+/// let it leave their windows before its jobs start. Under a rate of the queue and under a
+/// rate per partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_ahead_counted_before_a_long_wait_for_a_lock_alone_fails() {
+async fn a_claim_ahead_behind_a_long_lock_is_counted_after_the_wait() {
+    let written = "UPDATE queue_jobs_queues SET updated_at = now() WHERE queue = 'default'";
     for per_partition in [false, true] {
-        let db = TestDb::new().await;
-        rated_ahead_of_a_long_lock(&db, per_partition).await;
-        assert_over(claim_ahead_behind_a_long_lock(&db, None).await);
-        assert_eq!(in_flight(&db).await, 0, "per partition: {per_partition}");
-        db.drop_db().await;
-    }
-}
-
-/// The same wait for a holder that wrote the row: the claim's update is computed again on the
-/// newest row after the wait, by the clock then, and it commits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_ahead_after_a_long_wait_for_a_write_is_counted_after_it() {
-    for per_partition in [false, true] {
-        let db = TestDb::new().await;
-        rated_ahead_of_a_long_lock(&db, per_partition).await;
-        let written = "UPDATE queue_jobs_queues SET updated_at = now() WHERE queue = 'default'";
-        let claim = claim_ahead_behind_a_long_lock(&db, Some(written)).await;
-        assert_eq!(
-            claim.unwrap(),
-            (3, vec![]),
-            "per partition: {per_partition}"
-        );
-        assert_eq!(in_flight(&db).await, 3);
-        db.drop_db().await;
+        for meanwhile in [None, Some(written)] {
+            let db = TestDb::new().await;
+            rated_ahead_of_a_long_lock(&db, per_partition).await;
+            let (claim, released) = claim_ahead_behind_a_long_lock(&db, meanwhile).await;
+            let case = format!(
+                "per partition: {per_partition}, written: {}",
+                meanwhile.is_some()
+            );
+            assert_eq!(claim.unwrap(), (3, vec![]), "{case}");
+            assert_eq!(in_flight(&db).await, 3, "{case}");
+            let counted = last_counted_at(&db, per_partition).await;
+            assert!(
+                counted >= released,
+                "{case}: counted at {counted}, the row released after {released}"
+            );
+            db.drop_db().await;
+        }
     }
 }
 
