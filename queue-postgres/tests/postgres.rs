@@ -2572,6 +2572,76 @@ fn worker_processes_never_exceed_the_partition_rate_across_many_partitions() {
     the_partition_rate_binds_across_processes(4, jobs);
 }
 
+/// Records, for a test, the instant the rates count each claim of partitioned jobs at: each job
+/// claimed (or taken over), with the claim's transaction and statement, and each write of the
+/// queue's row, with the tally's `at` it leaves (a claim's jobs and its count of them are one
+/// statement). A claim that fails is undone, its records too.
+const AUDIT_COUNTED_STARTS: &str = "
+    CREATE TABLE audit_jobs (tx bigint, stmt timestamptz, partition_key text, claimed_at timestamptz);
+    CREATE TABLE audit_counts (tx bigint, stmt timestamptz, at float8);
+    CREATE FUNCTION audit_job() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+        INSERT INTO audit_jobs VALUES (txid_current(), statement_timestamp(), NEW.partition_key,
+                                       NEW.claimed_at);
+        RETURN NULL; END $$;
+    CREATE TRIGGER audit_job AFTER UPDATE ON queue_jobs FOR EACH ROW
+        WHEN (NEW.status = 'in_flight' AND NEW.claim_generation <> OLD.claim_generation
+              AND NEW.partition_key IS NOT NULL)
+        EXECUTE FUNCTION audit_job();
+    CREATE FUNCTION audit_count() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+        INSERT INTO audit_counts VALUES (txid_current(), statement_timestamp(),
+                                         (NEW.partition_tally ->> 'at')::float8);
+        RETURN NULL; END $$;
+    CREATE TRIGGER audit_count AFTER UPDATE ON queue_jobs_queues FOR EACH ROW
+        EXECUTE FUNCTION audit_count();";
+
+/// The most starts of one partition within any two seconds (less a millisecond) by the
+/// instants the rates counted them at (`AUDIT_COUNTED_STARTS`).
+const MOST_COUNTED_STARTS_OF_A_PARTITION_IN_TWO_SECONDS: &str = "SELECT COALESCE(max(n), 0) FROM (
+     SELECT count(*) OVER (PARTITION BY j.partition_key ORDER BY c.at
+                           RANGE BETWEEN 1999 PRECEDING AND CURRENT ROW) AS n
+     FROM audit_jobs AS j JOIN audit_counts AS c USING (tx, stmt)) AS per_window";
+
+/// The claims of partitioned jobs that went ahead of the queue's lock: counted by the rates
+/// after their jobs' `claimed_at` (a claim under the lock stamps the instant it counts by).
+const CLAIMS_COUNTED_AFTER_THEIR_CLAIMED_AT: &str = "SELECT count(DISTINCT (tx, stmt))
+     FROM audit_jobs AS j JOIN audit_counts AS c USING (tx, stmt)
+     WHERE c.at > extract(epoch FROM j.claimed_at)::float8 * 1000 + 0.5";
+
+/// Three worker processes of four slots each, claiming at most four jobs at a time, on sixteen
+/// partitions of twenty jobs each (due in turns), each partition allowed eight starts in any two
+/// seconds: while a partition's slot of the tally leaves room for four claims like one, claims
+/// of it go ahead of the queue's row lock, nearer the rate they take the lock. Read by the
+/// instants the rates count each claim at (a claim ahead's `claimed_at` is earlier), no
+/// partition ever has more than eight starts within two seconds, the rate binds, and claims
+/// went ahead.
+#[test]
+fn worker_processes_claiming_ahead_never_exceed_the_partition_rate() {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(8, Duration::from_secs(2)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs: Vec<NewJob> = (0..20)
+        .flat_map(|n| {
+            (0..16)
+                .map(move |p| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let (most, ahead) = run_limited_workers_after(
+        Some((AUDIT_COUNTED_STARTS, CLAIMS_COUNTED_AFTER_THEIR_CLAIMED_AT)),
+        limits,
+        jobs,
+        (MOST_COUNTED_STARTS_OF_A_PARTITION_IN_TWO_SECONDS, 8),
+        (3, 4, 4, 5),
+    );
+    assert_eq!(most, 8, "a partition made all its starts of a window");
+    assert!(ahead > 0, "no claim went ahead of the queue's lock");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "twenty starts of a partition at eight per two seconds take more than two windows"
+    );
+}
+
 /// Runs `jobs` (more than twice `starts` of each partition) through three worker processes
 /// under a rate of `starts` claims of a partition in any two seconds: no partition ever has
 /// more, one has that many (the sampler saw a whole window's starts), and the drain takes at
@@ -2621,8 +2691,20 @@ fn run_limited_workers_of(
     jobs: Vec<NewJob>,
     sample: &'static str,
     limit: i64,
-    (processes, concurrency, max_batch, work_ms): (usize, usize, u32, u64),
+    shape: (usize, usize, u32, u64),
 ) -> i64 {
+    run_limited_workers_after(None, limits, jobs, (sample, limit), shape).0
+}
+
+/// [`run_limited_workers_of`] with `setup` (SQL) run on the database before the workers start,
+/// and `last` (one number) read once every job completed: returns the largest sample and it.
+fn run_limited_workers_after(
+    setup: Option<(&'static str, &'static str)>,
+    limits: queue_core::QueueLimits,
+    jobs: Vec<NewJob>,
+    (sample, limit): (&'static str, i64),
+    (processes, concurrency, max_batch, work_ms): (usize, usize, u32, u64),
+) -> (i64, i64) {
     use queue_core::Admin;
     let total = jobs.len() as i64;
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -2631,6 +2713,9 @@ fn run_limited_workers_of(
         let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
         queue.set_limits(limits).await.unwrap();
         queue.enqueue_many(jobs).await.unwrap();
+        if let Some((sql, _)) = setup {
+            sqlx::raw_sql(sql).execute(&db.pool).await.unwrap();
+        }
     });
     /// The worker processes, killed when the test ends, by a failed assertion too.
     struct Children(Vec<std::process::Child>);
@@ -2687,8 +2772,17 @@ fn run_limited_workers_of(
             .expect("the workers finish the jobs")
     });
     drop(children);
+    let last = match setup {
+        Some((_, last)) => runtime.block_on(async {
+            sqlx::query_scalar::<_, i64>(last)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        }),
+        None => 0,
+    };
     runtime.block_on(db.drop_db());
-    most
+    (most, last)
 }
 
 /// A child process of `run_limited_workers`: a worker of the slots and claims its parent asks
