@@ -81,7 +81,11 @@ WITH seen AS MATERIALIZED (
     SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            c.counted_claims, c.counted_jobs, c.max_per_partition, c.counted_slots,
            c.slotted_claims, c.partition_rate_starts, c.partition_rate_per_ms, c.partition_tally,
-           c.partition_slots
+           c.partition_slots,
+           -- A rate of the queue or per partition: limits counted by the clock (row_locked).
+           (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)
+           OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
+               AS timed
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
 ),
@@ -190,9 +194,10 @@ tally_claims AS MATERIALIZED (
 ),
 row_locked AS MATERIALIZED (
     -- With a rate (of the queue or per partition, as the snapshot shows them), the queue's
-    -- row, locked once the claim has jobs, before logged computes its update: logged reads
-    -- this first (an uncorrelated EXISTS, run before its scan), so whatever held the row
-    -- meanwhile, the clock its checks and counts read comes after the wait for the row.
+    -- row, locked once the claim has jobs, before logged computes its update: logged's WHERE
+    -- reads it (an uncorrelated EXISTS, evaluated before any value of the update), so
+    -- whatever held the row meanwhile, the clock its checks and counts read comes after the
+    -- wait for the row.
     -- Without it, a wait for a row only locked, not written, meanwhile would keep the values
     -- the update computed before the wait (PostgreSQL computes them again only for a row
     -- written meanwhile), and the rates would count the claim at the instant the wait began,
@@ -203,10 +208,7 @@ row_locked AS MATERIALIZED (
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
       AND EXISTS (SELECT 1 FROM claimed)
-      AND EXISTS (SELECT 1 FROM seen AS s
-                  WHERE (s.rate_starts IS NOT NULL AND s.rate_per_ms IS NOT NULL)
-                     OR (s.partition_rate_starts IS NOT NULL
-                         AND s.partition_rate_per_ms IS NOT NULL))
+      AND (SELECT timed FROM seen)
     FOR UPDATE
 ),
 logged AS (
@@ -229,11 +231,7 @@ logged AS (
          (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
           FROM claimed) AS n
     WHERE c.queue = $1
-      AND (EXISTS (SELECT 1 FROM row_locked)
-           OR NOT EXISTS (SELECT 1 FROM seen AS t
-                          WHERE (t.rate_starts IS NOT NULL AND t.rate_per_ms IS NOT NULL)
-                             OR (t.partition_rate_starts IS NOT NULL
-                                 AND t.partition_rate_per_ms IS NOT NULL)))
+      AND (NOT s.timed OR EXISTS (SELECT 1 FROM row_locked))
       AND n.all_jobs > 0
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
       AND (c.max_in_flight IS NULL

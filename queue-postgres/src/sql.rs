@@ -641,8 +641,8 @@ fn count_slots(table: &TableName, added: &str, counts: &str) -> Result<String, P
     )
 }
 
-/// `claim_ahead.sql` for `table`: the claim of a queue without a rate per partition, while its
-/// limits leave ample room, which checks them only at its end (under the queue's row lock).
+/// `claim_ahead.sql` for `table`: the claim of a queue with limits while they leave ample room,
+/// which checks them only at its end (under the queue's row lock).
 pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &AHEAD_PICKS, None)?;
     let flight_slot_held = slot_of("u.key", FLIGHT_SLOTS)?;

@@ -3302,11 +3302,7 @@ async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
     };
     queue.set_limits(limits).await.unwrap();
     // Another transaction holds the queue's row, as a concurrent claim of the queue does.
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = holding_the_queues_row(&db).await;
     let sql = queue_postgres::testing::claim_turns_sql(&TableName::default());
     let pool = db.pool.clone();
     let turns = tokio::spawn(async move {
@@ -3548,6 +3544,17 @@ async fn a_handles_claim_ahead_over_the_limit_claims_again_under_the_lock<D: Tes
     db.drop_db().await;
 }
 
+/// A transaction holding the default queue's row locked (not written), as a claim under the
+/// queue's lock holds it from its start.
+async fn holding_the_queues_row(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
 /// The claim waiting for the queue's row has written its jobs before it waits, as only a claim
 /// ahead's does (a locked claim waits before its pick): it holds its transaction id.
 async fn assert_the_waiting_claim_has_written(db: &TestDb) {
@@ -3662,11 +3669,7 @@ async fn a_claim_ahead_killed_while_it_waits(
     db: &TestDb,
     queue: &PostgresQueue<queue_postgres::Sqlx>,
 ) {
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = holding_the_queues_row(db).await;
     let claiming = {
         let queue = queue.clone();
         tokio::spawn(async move { queue.claim(req(3)).await })
@@ -3709,11 +3712,7 @@ async fn claim_ahead_behind_a_long_lock(
     db: &TestDb,
     meanwhile: Option<&'static str>,
 ) -> (Result<(usize, Vec<String>), sqlx::Error>, f64) {
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let mut holder = holding_the_queues_row(db).await;
     if let Some(sql) = meanwhile {
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
@@ -3884,11 +3883,7 @@ async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
         ..queue_core::QueueLimits::NONE
     };
     twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let mut holder = holding_the_queues_row(&db).await;
     let ahead = spawn_claim_ahead(&db, "ahead", 3);
     wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
