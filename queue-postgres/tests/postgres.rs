@@ -3662,6 +3662,31 @@ async fn a_claim_ahead_in_partitions_killed_while_it_waits_leaves_nothing() {
     db.drop_db().await;
 }
 
+/// A claim ahead whose queue's row is deleted while it waits for it (an operator's hand) finds
+/// no row to count its jobs on: it fails with the over-error like a claim over the limits, and
+/// nothing it wrote stays (uncounted, its jobs would escape the counts of claims whose
+/// snapshot predates its commit, should the limits be set again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_whose_queues_row_goes_while_it_waits_commits_nothing() {
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(20),
+        ..queue_core::QueueLimits::NONE
+    };
+    twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    let mut holder = holding_the_queues_row(&db).await;
+    let ahead = spawn_claim_ahead(&db, "ahead", 3);
+    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    sqlx::query("DELETE FROM queue_jobs_queues WHERE queue = 'default'")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder.commit().await.unwrap();
+    assert_over(ahead.await.unwrap());
+    assert_eq!(in_flight(&db).await, 0, "nothing the claim wrote stayed");
+    db.drop_db().await;
+}
+
 /// The handle's claim ahead of three, behind a transaction holding the queue's row, has its
 /// connection killed while it waits: it fails transiently, no job stays in flight and none is
 /// counted, and a claim after it (another handle's) takes three.
