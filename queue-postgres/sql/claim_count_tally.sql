@@ -15,8 +15,8 @@
                WHEN q.tally_per_ms IS NULL THEN NULL
                WHEN NOT n.any THEN c.partition_tally
                WHEN NOT {{fits}} THEN ('{{over}} with ' || n.all_jobs || ' jobs')::bigint::text::jsonb
-               -- Each claim counted leaves its instant as 'at' (claim_ahead.sql compares it with
-               -- the clock once its write is done).
+               -- Each claim counted leaves its instant as 'at': the instant the rate counts it
+               -- by (a claim ahead's claimed_at is earlier; data-model.md).
                ELSE (CASE
                -- No tally, or another window length: start again.
                WHEN (c.partition_tally ->> 'per_ms')::bigint IS DISTINCT FROM q.tally_per_ms

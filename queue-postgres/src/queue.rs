@@ -420,8 +420,8 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// The claim of a queue with limits, while they leave ample room (`claim_ahead.sql`, which
-    /// fails, undone, when its jobs would pass the limits); `None`
-    /// while the handle claims under the lock ([`AheadState`]).
+    /// fails, undone, when its jobs would pass the limits); `None` while the handle claims under
+    /// the lock ([`AheadState`]).
     async fn claim_ahead(&self, request: &ClaimRequest) -> Result<Option<Ahead>, PgError> {
         let inner = &self.inner;
         let now = std::time::Instant::now;
@@ -449,9 +449,10 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// A claim of a queue with limits: first a claim ahead of the queue's row lock
-    /// ([`Self::claim_ahead`]), which serves it while the limits leave ample room. Otherwise one statement that takes the queue's row lock and
-    /// claims within the limits (`claim_limited.sql`), and a second one when its pick would put
-    /// a partition over its limit (`claim_turns.sql`, for the rest of the batch). When another
+    /// ([`Self::claim_ahead`]), which serves it while the limits leave ample room. Otherwise one
+    /// statement that takes the queue's row lock and claims within the limits
+    /// (`claim_limited.sql`), and a second one when its pick would put a partition over its
+    /// limit (`claim_turns.sql`, for the rest of the batch). When another
     /// claim of the queue committed after a statement's snapshot (it waited for that claim's
     /// lock), its counts are stale and it claims nothing: then the lock first and the
     /// statements after it, in one transaction, so that the counts are read after the lock.
