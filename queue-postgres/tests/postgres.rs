@@ -2404,6 +2404,7 @@ fn worker_processes_never_exceed_the_queue_limit() {
         jobs.collect(),
         "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
         3,
+        Hold::UntilTheLimit,
     );
     assert_eq!(most, 3, "the limit bound: three ran at once at some point");
 }
@@ -2428,6 +2429,7 @@ fn worker_processes_claiming_ahead_never_exceed_the_queue_limit() {
         "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
         40,
         (6, 24, 5, 50),
+        Hold::UntilTheLimit,
     );
     assert_eq!(most, 40, "the limit bound: forty ran at once at some point");
 }
@@ -2458,6 +2460,7 @@ fn worker_processes_claiming_ahead_never_exceed_the_partition_limit() {
              GROUP BY partition_key) AS per_partition",
         30,
         (6, 24, 5, 300),
+        Hold::UntilTheLimit,
     );
     assert_eq!(
         most, 30,
@@ -2490,6 +2493,7 @@ fn worker_processes_never_exceed_the_partition_limit() {
              WHERE status = 'in_flight' AND partition_key IS NOT NULL
              GROUP BY partition_key) AS per_partition",
         2,
+        Hold::UntilTheLimit,
     );
     assert_eq!(
         most, 2,
@@ -2529,7 +2533,13 @@ fn worker_processes_never_exceed_the_partition_rate() {
         (0..6).map(move |n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
     }));
     let started = std::time::Instant::now();
-    let most = run_limited_workers(limits, jobs, MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 2);
+    let most = run_limited_workers(
+        limits,
+        jobs,
+        MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS,
+        2,
+        Hold::No,
+    );
     assert!(most >= 1, "the sampler saw claims");
     assert!(
         started.elapsed() >= Duration::from_secs(4),
@@ -2633,6 +2643,7 @@ fn worker_processes_claiming_ahead_never_exceed_the_partition_rate() {
         jobs,
         (MOST_COUNTED_STARTS_OF_A_PARTITION_IN_TWO_SECONDS, 8),
         (3, 4, 4, 5),
+        Hold::No,
     );
     assert_eq!(most, 8, "a partition made all its starts of a window");
     assert!(ahead > 0, "no claim went ahead of the queue's lock");
@@ -2659,6 +2670,7 @@ fn the_partition_rate_binds_across_processes(starts: u32, jobs: Vec<NewJob>) {
         jobs,
         MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS,
         i64::from(starts),
+        Hold::No,
     );
     assert_eq!(
         most,
@@ -2674,14 +2686,16 @@ fn the_partition_rate_binds_across_processes(starts: u32, jobs: Vec<NewJob>) {
 /// Sets `limits` on a fresh database's default queue, enqueues `jobs`, and runs three worker
 /// processes of eight slots each (`limited_worker_process`) until every job completed, sampling
 /// `sample` (one number, which must stay within `limit`: the caller asserts on the largest)
-/// every 2 ms meanwhile. Returns the largest sample.
+/// every 2 ms meanwhile, holding the jobs until it reaches `limit` first if `hold` says so.
+/// Returns the largest sample.
 fn run_limited_workers(
     limits: queue_core::QueueLimits,
     jobs: Vec<NewJob>,
     sample: &'static str,
     limit: i64,
+    hold: Hold,
 ) -> i64 {
-    run_limited_workers_of(limits, jobs, sample, limit, (3, 8, 100, 5))
+    run_limited_workers_of(limits, jobs, sample, limit, (3, 8, 100, 5), hold)
 }
 
 /// [`run_limited_workers`] with `processes` workers of `(concurrency, max_batch)`, whose jobs
@@ -2692,8 +2706,20 @@ fn run_limited_workers_of(
     sample: &'static str,
     limit: i64,
     shape: (usize, usize, u32, u64),
+    hold: Hold,
 ) -> i64 {
-    run_limited_workers_after(None, limits, jobs, (sample, limit), shape).0
+    run_limited_workers_after(None, limits, jobs, (sample, limit), shape, hold).0
+}
+
+/// Whether the worker processes of [`run_limited_workers_after`] hold every job, its work done,
+/// until the sampler has seen the limit reached. A limit in flight binds only while the
+/// workers refill faster than their jobs end, which a loaded machine need not do; held jobs
+/// do not end, so the claims must fill the limit (or the run fails), and the race goes on
+/// once they are let go.
+#[derive(Clone, Copy, PartialEq)]
+enum Hold {
+    UntilTheLimit,
+    No,
 }
 
 /// [`run_limited_workers_of`] with `setup` (SQL) run on the database before the workers start,
@@ -2704,6 +2730,7 @@ fn run_limited_workers_after(
     jobs: Vec<NewJob>,
     (sample, limit): (&'static str, i64),
     (processes, concurrency, max_batch, work_ms): (usize, usize, u32, u64),
+    hold: Hold,
 ) -> (i64, i64) {
     use queue_core::Admin;
     let total = jobs.len() as i64;
@@ -2727,7 +2754,7 @@ fn run_limited_workers_after(
             }
         }
     }
-    let children = Children(
+    let mut children = Children(
         (0..processes)
             .map(|_| {
                 std::process::Command::new(std::env::current_exe().unwrap())
@@ -2736,8 +2763,12 @@ fn run_limited_workers_after(
                     .env("QUEUE_LIMITED_DB", support::url(&db))
                     .env(
                         "QUEUE_LIMITED_WORKER",
-                        format!("{concurrency} {max_batch} {work_ms}"),
+                        format!(
+                            "{concurrency} {max_batch} {work_ms} {}",
+                            u8::from(hold == Hold::UntilTheLimit)
+                        ),
                     )
+                    .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::null())
                     .spawn()
                     .expect("the test binary runs a child of itself")
@@ -2745,17 +2776,36 @@ fn run_limited_workers_after(
             .collect(),
     );
     let most = runtime.block_on(async {
+        let read = || async {
+            let seen: i64 = sqlx::query_scalar(sample)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert!(seen <= limit, "{seen} in flight, over the limit of {limit}");
+            seen
+        };
+        if hold == Hold::UntilTheLimit {
+            let reached = async {
+                let mut tick = tokio::time::interval(Duration::from_millis(2));
+                while read().await < limit {
+                    tick.tick().await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(60), reached)
+                .await
+                .expect("the limit binds: with every job held, the claims fill it");
+            for child in &mut children.0 {
+                use std::io::Write;
+                let stdin = child.stdin.as_mut().unwrap();
+                stdin.write_all(b"open\n").unwrap();
+            }
+        }
         let sample = async {
             let mut most = 0;
             let mut tick = tokio::time::interval(Duration::from_millis(2));
             loop {
                 tick.tick().await;
-                let seen: i64 = sqlx::query_scalar(sample)
-                    .fetch_one(&db.pool)
-                    .await
-                    .unwrap();
-                assert!(seen <= limit, "{seen} in flight, over the limit of {limit}");
-                most = most.max(seen);
+                most = most.max(read().await);
                 let completed: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM queue_jobs WHERE status = 'completed'",
                 )
@@ -2767,9 +2817,14 @@ fn run_limited_workers_after(
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(120), sample)
+        let most = tokio::time::timeout(Duration::from_secs(120), sample)
             .await
-            .expect("the workers finish the jobs")
+            .expect("the workers finish the jobs");
+        if hold == Hold::UntilTheLimit {
+            limit
+        } else {
+            most
+        }
     });
     drop(children);
     let last = match setup {
@@ -2786,15 +2841,17 @@ fn run_limited_workers_after(
 }
 
 /// A child process of `run_limited_workers`: a worker of the slots and claims its parent asks
-/// for, whose jobs each take the milliseconds it says (the work), until its parent kills it.
+/// for, whose jobs each take the milliseconds it says (the work) and, when it says so, are
+/// then held until a line `open` on stdin, until its parent kills it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of run_limited_workers"]
 async fn limited_worker_process() {
-    struct Work(Duration);
+    struct Work(Duration, tokio::sync::watch::Receiver<bool>);
     impl Handler for Work {
         type Payload = Value;
         async fn handle(&self, _ctx: JobContext, _p: Value) -> Result<(), JobError> {
             tokio::time::sleep(self.0).await;
+            self.1.clone().wait_for(|open| *open).await.unwrap();
             Ok(())
         }
     }
@@ -2811,7 +2868,19 @@ async fn limited_worker_process() {
         poll_interval: Duration::from_millis(10),
         ..WorkerConfig::default()
     };
-    let work = Work(Duration::from_millis(shape[2]));
+    let (open, gate) = tokio::sync::watch::channel(shape[3] == 0);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if line.unwrap() == "open" {
+                open.send_replace(true);
+            }
+        }
+        // Stdin closed: keep the sender, so that a gate never opened holds its jobs still.
+        loop {
+            std::thread::park();
+        }
+    });
+    let work = Work(Duration::from_millis(shape[2]), gate);
     let worker = Worker::new(queue, work, config).unwrap().start();
     worker.wait_for(|_| false).await;
 }
