@@ -98,3 +98,45 @@ ALTER TABLE "exchange_send_jobs_queues"
 
 ALTER TABLE "exchange_send_jobs_queues"
     ALTER COLUMN counted_slots SET STORAGE PLAIN;
+
+ALTER TABLE "exchange_send_jobs_queues"
+    ADD COLUMN IF NOT EXISTS room_grants boolean NOT NULL DEFAULT false;
+
+CREATE TABLE IF NOT EXISTS "exchange_send_jobs_grants" (
+    queue       text        NOT NULL,
+    grant_id    bigint      GENERATED ALWAYS AS IDENTITY,
+    holder      text,
+    jobs_left   bigint      NOT NULL CHECK (jobs_left >= 0),
+    claims_left integer     NOT NULL CHECK (claims_left >= 0),
+    per_claim   integer     NOT NULL CHECK (per_claim >= 1),
+    expires_at  timestamptz NOT NULL,
+    granted_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, grant_id)
+);
+
+CREATE OR REPLACE FUNCTION "exchange_send_jobs_grants_reset"() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM "exchange_send_jobs_grants" WHERE queue = OLD.queue;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_reset" ON "exchange_send_jobs_queues";
+
+CREATE TRIGGER "exchange_send_jobs_grants_reset"
+    AFTER UPDATE ON "exchange_send_jobs_queues"
+    FOR EACH ROW
+    WHEN ((OLD.max_in_flight, OLD.rate_starts, OLD.rate_per_ms, OLD.max_per_partition,
+           OLD.partition_rate_starts, OLD.partition_rate_per_ms, OLD.room_grants)
+          IS DISTINCT FROM
+          (NEW.max_in_flight, NEW.rate_starts, NEW.rate_per_ms, NEW.max_per_partition,
+           NEW.partition_rate_starts, NEW.partition_rate_per_ms, NEW.room_grants))
+    EXECUTE FUNCTION "exchange_send_jobs_grants_reset"();
+
+DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_gone" ON "exchange_send_jobs_queues";
+
+CREATE TRIGGER "exchange_send_jobs_grants_gone"
+    AFTER DELETE ON "exchange_send_jobs_queues"
+    FOR EACH ROW
+    EXECUTE FUNCTION "exchange_send_jobs_grants_reset"();

@@ -71,6 +71,11 @@
 -- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
 -- show more starts within a window than it allows, by that drift.
 --
+-- A queue whose switch room_grants is on and that has no rate (room may be granted to queue
+-- handles: grant.sql) gets no claim ahead: its snapshot shows it 'binding', and the check at
+-- the end fails on the newest row, since this form does not count the granted room (the lock's
+-- claims do, claim_quota.sql).
+--
 -- A claim that fails the check must not commit, and a statement cannot undo its own writes; an
 -- error can: the statement then fails with SQLSTATE 22P02 and a message naming {{over}} (a
 -- cast of that text, made of the claim's job count so that the planner cannot fold it into a
@@ -85,7 +90,8 @@ WITH seen AS MATERIALIZED (
            -- A rate of the queue or per partition: limits counted by the clock (row_locked).
            (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)
            OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)
-               AS timed
+               AS timed,
+           {{granting}} AS granting
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1
 ),
@@ -97,7 +103,8 @@ ahead AS MATERIALIZED (
                        FROM jsonb_array_elements(s.rate_log) AS e
                        WHERE (e ->> 0)::float8
                              > extract(epoch FROM clock_timestamp())::float8 * 1000
-                               - s.rate_per_ms) >= $8::bigint * $2::bigint) AS ample,
+                               - s.rate_per_ms) >= $8::bigint * $2::bigint)
+           AND NOT s.granting AS ample,
            n.in_flight,
            s.max_per_partition,
            CASE WHEN s.partition_rate_starts IS NOT NULL THEN s.partition_rate_per_ms END
@@ -233,6 +240,7 @@ logged AS (
     WHERE c.queue = $1
       AND (NOT s.timed OR EXISTS (SELECT 1 FROM row_locked))
       AND n.all_jobs > 0
+      AND NOT {{granting}}
       AND c.claims - s.claims = c.counted_claims - s.counted_claims
       AND (c.max_in_flight IS NULL
            OR a.in_flight + (c.counted_jobs - s.counted_jobs) + n.new_jobs <= c.max_in_flight)

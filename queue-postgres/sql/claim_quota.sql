@@ -40,9 +40,27 @@
 -- partition's starts within the sliding window are at most its slot's count plus slot_base,
 -- so a claim whose picks leave room in each of their slots cannot put a partition over its
 -- rate, although the queue's sum could (claim_rated.sql).
+--
+-- Room granted to queue handles (room_grants on; grant.sql, table migration 20261212000001)
+-- is taken off the limits the claim applies: max_in_flight less the grants' jobs_left, and
+-- max_per_partition less their per_claim * claims_left (a grant's claims may each put that
+-- many of any one partition in flight), every grant counted until its row is deleted, expired
+-- or not. The grants are read from the statement's snapshot, which, unless stale, is younger
+-- than every grant (a grant moves the claims counter): a claim on a grant that committed since
+-- moved its jobs from the grant's jobs_left, which the snapshot counts, into the in-flight
+-- rows, which it does not, so the sum is never short. grant.sql leaves both limits at least 1.
 control AS MATERIALIZED (
-    SELECT c.max_in_flight, c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
-           c.max_per_partition, c.partition_cursor, c.partition_rate_starts,
+    SELECT CASE WHEN c.room_grants AND c.max_in_flight IS NOT NULL
+                THEN c.max_in_flight - (SELECT COALESCE(sum(g.jobs_left), 0)::bigint
+                                        FROM "{{table}}_grants" AS g WHERE g.queue = $1)
+                ELSE c.max_in_flight END AS max_in_flight,
+           c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
+           CASE WHEN c.room_grants AND c.max_per_partition IS NOT NULL
+                THEN c.max_per_partition
+                     - (SELECT COALESCE(sum(g.per_claim::bigint * g.claims_left), 0)::bigint
+                        FROM "{{table}}_grants" AS g WHERE g.queue = $1)
+                ELSE c.max_per_partition END AS max_per_partition,
+           c.partition_cursor, c.partition_rate_starts,
            c.partition_rate_per_ms, c.partition_tally, c.partition_slots
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1

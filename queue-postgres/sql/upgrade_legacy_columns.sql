@@ -10,8 +10,10 @@
 --
 -- No backfill of claimed_at: a legacy in_flight row keeps claimed_at NULL, which the claim
 -- treats as an expired lease, so rows stranded by the old release are re-claimable at once.
--- The columns of every later table migration are here too, so the table ends on the current
--- lease schema (a test compares it with a table created by create_table_sql).
+-- The columns of every later table migration up to 20261211000001 are here too; the later
+-- ones follow this file in the phase, rendered as they are (LegacyUpgrade::steps), so the
+-- table ends on the current lease schema (a test compares it with a table created by
+-- create_table_sql).
 ALTER TABLE "{{table}}"
     ADD COLUMN IF NOT EXISTS claimed_at          timestamptz,
     ADD COLUMN IF NOT EXISTS claim_generation    bigint      NOT NULL DEFAULT 0,

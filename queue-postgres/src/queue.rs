@@ -54,7 +54,40 @@ struct Inner<D: Driver> {
     limits_seen: std::sync::Mutex<LimitsSeen>,
     /// How this handle's claims ahead of the queue's row lock (`claim_ahead.sql`) fared.
     ahead: std::sync::Mutex<AheadState>,
+    /// The room granted to this handle (`grant.sql`), and when it last went without.
+    grants: std::sync::Mutex<GrantState>,
+    /// Held while the handle asks for a grant, so that its claims running at once ask once.
+    granting: tokio::sync::Mutex<()>,
     _listener: Option<ListenerGuard>,
+}
+
+/// How many claims a grant is for (`grant.sql`): its count of the queue's jobs in flight and
+/// its write of the queue's row are shared by so many claims.
+const GRANT_CLAIMS: u32 = 8;
+
+/// How long a grant lives unless spent or returned first (by the database's clock): the most
+/// a crashed handle's room stays out of the others' reach.
+const GRANT_LIFE: Duration = Duration::from_secs(2);
+
+/// How long a handle that went without a grant (none given near a limit, or its claim found
+/// nothing due and it returned the grant) claims under the lock before it asks again.
+const GRANT_PAUSE: Duration = Duration::from_millis(250);
+
+/// The room granted to a queue handle: the grant its claims spend, the one it spent to its end
+/// (the next grant statement deletes it), and when it last went without one.
+#[derive(Debug, Default)]
+struct GrantState {
+    held: Option<statement::Grant>,
+    spent: Option<i64>,
+    without_at: Option<std::time::Instant>,
+}
+
+impl GrantState {
+    /// Whether the handle may ask for a grant now.
+    fn may_ask(&self, now: std::time::Instant) -> bool {
+        self.without_at
+            .is_none_or(|at| now.duration_since(at) >= GRANT_PAUSE)
+    }
 }
 
 /// What `claim_ahead.sql` came to.
@@ -155,6 +188,9 @@ const LIMITS_RECHECK: Duration = Duration::from_secs(1);
 struct LimitsSeen {
     at: Option<std::time::Instant>,
     limited: bool,
+    /// Room may be granted to the queue's handles (`grant.sql`): its switch is on, it has a
+    /// limit in flight and no rate. Read by [`PostgresQueue::limited`] only.
+    granting: bool,
     /// Limits per partition among them: claims start with the full form of
     /// `claim_limited.sql`, not the lean one.
     partitioned: bool,
@@ -210,6 +246,8 @@ impl<D: Driver> PostgresQueue<D> {
                 wake,
                 limits_seen: Default::default(),
                 ahead: Default::default(),
+                grants: Default::default(),
+                granting: Default::default(),
                 _listener: listener,
             }),
         })
@@ -341,6 +379,41 @@ impl<D: Driver> PostgresQueue<D> {
         }
     }
 
+    /// Switches room grants on or off for this handle's queue (docs/operations.md, "Room
+    /// grants"): while on, a queue whose limits are in flight only (`max_in_flight`,
+    /// `max_per_partition`, no rate) grants each worker's handle room for several claims at
+    /// once, which it spends without the queue's row lock, and every other claim counts that
+    /// room against the limits. Off by default.
+    ///
+    /// Switch it on only once every worker and tool of the queue runs a release that counts
+    /// grants: an older release's claims would not, and could pass the limits beside a handle
+    /// that holds room. A change deletes the queue's grants (their claims fail and claim again
+    /// under the lock). Returns whether it is on. Each handle sees the change within a second.
+    pub async fn set_room_grants(&self, on: bool) -> Result<bool, PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let on = statement::set_room_grants::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            on,
+        )
+        .await?;
+        // This handle's next claim reads the switch again.
+        inner.limits_seen.lock().expect("limits lock").at = None;
+        Ok(on)
+    }
+
+    /// Whether room grants are on for this handle's queue ([`Self::set_room_grants`]).
+    pub async fn room_grants(&self) -> Result<bool, PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        let (_, on) =
+            statement::control_granting::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue)
+                .await?;
+        Ok(on)
+    }
+
     /// Runs a statement of your own on the pool and returns its rows: the same code for every
     /// driver. Values are always bound, never spliced into `sql`.
     pub async fn query<'p, P: Params<'p>>(
@@ -383,10 +456,20 @@ impl<D: Driver> PostgresQueue<D> {
         }
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        let control =
-            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
-        self.saw_limits(&control.limits);
-        Ok(!control.limits.is_none())
+        let (control, switch) =
+            statement::control_granting::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue)
+                .await?;
+        let limits = &control.limits;
+        self.saw_limits(limits);
+        let granting = switch
+            && limits.rate.is_none()
+            && limits.rate_per_partition.is_none()
+            && (limits.max_in_flight.is_some() || limits.max_per_partition.is_some());
+        self.inner.limits_seen.lock().expect("limits lock").granting = granting;
+        if !granting {
+            self.drop_grant(None).await?;
+        }
+        Ok(!limits.is_none())
     }
 
     fn saw_limits(&self, limits: &QueueLimits) {
@@ -395,7 +478,136 @@ impl<D: Driver> PostgresQueue<D> {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
+            granting: seen.granting,
         };
+    }
+
+    /// Whether the handle last saw its queue granting room.
+    fn granting(&self) -> bool {
+        self.inner.limits_seen.lock().expect("limits lock").granting
+    }
+
+    /// Returns the handle's grant, if it holds one (`id`: only that one), so that its room
+    /// comes back at once, and claims under the lock for a while ([`GRANT_PAUSE`]).
+    async fn drop_grant(&self, id: Option<i64>) -> Result<(), PgError> {
+        let returned = {
+            let mut state = self.inner.grants.lock().expect("grants lock");
+            let held = state.held.filter(|g| id.is_none_or(|id| g.id == id));
+            if held.is_some() {
+                state.held = None;
+                state.without_at = Some(std::time::Instant::now());
+            }
+            held.map(|g| g.id).into_iter().chain(state.spent.take())
+        };
+        let inner = &self.inner;
+        for grant in returned {
+            let mut conn = D::acquire(&inner.pool).await?;
+            statement::return_grant::<D>(
+                D::pooled(&mut conn),
+                &inner.sql,
+                &inner.config.queue,
+                grant,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The handle's grant, asking for one (`grant.sql`, after the queue's row lock) when it
+    /// holds none and may ask; `None` when it goes without.
+    async fn grant(&self, request: &ClaimRequest) -> Result<Option<statement::Grant>, PgError> {
+        let now = std::time::Instant::now;
+        {
+            let state = self.inner.grants.lock().expect("grants lock");
+            if state.held.is_some() || !state.may_ask(now()) {
+                return Ok(state.held);
+            }
+        }
+        let _asking = self.inner.granting.lock().await;
+        let previous = {
+            let state = self.inner.grants.lock().expect("grants lock");
+            if state.held.is_some() || !state.may_ask(now()) {
+                // Another claim of this handle asked meanwhile.
+                return Ok(state.held);
+            }
+            state.spent
+        };
+        let inner = &self.inner;
+        let queue = &inner.config.queue;
+        let mut tx = D::begin(&inner.pool).await?;
+        statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        let grant = statement::grant::<D>(
+            D::in_tx(&mut tx),
+            &inner.sql,
+            queue,
+            request,
+            GRANT_CLAIMS,
+            GRANT_LIFE,
+            previous,
+        )
+        .await?;
+        D::commit(tx).await?;
+        let mut state = self.inner.grants.lock().expect("grants lock");
+        if state.spent == previous {
+            state.spent = None;
+        }
+        state.held = grant;
+        if grant.is_none() {
+            state.without_at = Some(now());
+        }
+        Ok(grant)
+    }
+
+    /// A claim on room granted to the handle (`claim_granted.sql`), while the queue grants it;
+    /// `None` when the handle goes without a grant (claim under the lock then).
+    async fn claim_on_grant(&self, request: &ClaimRequest) -> Result<Option<ClaimBatch>, PgError> {
+        let inner = &self.inner;
+        let queue = &inner.config.queue;
+        // A grant gone or short of room (expired, the limits changed) is dropped and another
+        // asked for once.
+        for _ in 0..2 {
+            let Some(grant) = self.grant(request).await? else {
+                return Ok(None);
+            };
+            let mut conn = D::acquire(&inner.pool).await?;
+            let claim = statement::claim_granted::<D>(
+                D::pooled(&mut conn),
+                &inner.sql,
+                queue,
+                request,
+                grant.id,
+            )
+            .await?;
+            drop(conn);
+            match claim {
+                statement::GrantedClaim::Claimed(jobs, _) if jobs.is_empty() => {
+                    // Nothing due: the room goes back to the others while this handle idles.
+                    self.drop_grant(Some(grant.id)).await?;
+                    return Ok(Some(ClaimBatch { jobs }));
+                }
+                statement::GrantedClaim::Claimed(jobs, left) => {
+                    let spent = left.is_none_or(|(jobs_left, claims_left)| {
+                        claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
+                    });
+                    if spent {
+                        let mut state = inner.grants.lock().expect("grants lock");
+                        if state.held.is_some_and(|g| g.id == grant.id) {
+                            state.held = None;
+                            state.spent = Some(grant.id);
+                        }
+                    }
+                    return Ok(Some(ClaimBatch { jobs }));
+                }
+                statement::GrantedClaim::Over => {
+                    queue_core::metrics::record_limited_claim_rerun(queue);
+                    let mut state = inner.grants.lock().expect("grants lock");
+                    if state.held.is_some_and(|g| g.id == grant.id) {
+                        state.held = None;
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The form a limited claim starts with: the lean one unless the queue was last seen with
@@ -464,7 +676,16 @@ impl<D: Driver> PostgresQueue<D> {
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
         let mut contended = false;
-        match self.claim_ahead(request).await? {
+        let ahead = if self.granting() {
+            if let Some(batch) = self.claim_on_grant(request).await? {
+                return Ok(batch);
+            }
+            // The queue refuses claims ahead while it grants room (they do not count it).
+            None
+        } else {
+            self.claim_ahead(request).await?
+        };
+        match ahead {
             Some(Ahead::Claimed(batch)) => return Ok(batch),
             Some(Ahead::Binding) | None => {}
             // Claims committed while it ran: a statement alone would most likely find its
@@ -1027,6 +1248,8 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 wake: Arc::new(Notify::new()),
                 limits_seen: Default::default(),
                 ahead: Default::default(),
+                grants: Default::default(),
+                granting: Default::default(),
                 _listener: None,
             }),
         }

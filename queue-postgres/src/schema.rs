@@ -111,7 +111,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 15] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 16] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -127,6 +127,7 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 15] = [
     ("counted_jobs", 20261210000001, "claim counts"),
     ("counted_slots", 20261211000001, "claim slots"),
     ("slotted_claims", 20261211000001, "claim slots"),
+    ("room_grants", 20261212000001, "room grants"),
 ];
 
 /// What a driver read of a table, for [`evaluate_schema`].
@@ -149,6 +150,8 @@ pub(crate) struct TableFacts {
     /// Whether the table of claims not yet folded into those logs (`<table>_claim_starts`)
     /// exists.
     pub(crate) has_claim_starts_table: bool,
+    /// Whether the table of room granted to queue handles (`<table>_grants`) exists.
+    pub(crate) has_grants_table: bool,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -243,6 +246,12 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
              of your own)"
         ));
     }
+    if !facts.has_grants_table {
+        missing.push(format!(
+            "the table {table}_grants (room grants, table migration 20261212000001: commit \
+             table_migration_sql(table, 20261212000001) as a migration of your own)"
+        ));
+    }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
     }
@@ -326,7 +335,8 @@ mod tests {
                 20261208000001,
                 20261209000001,
                 20261210000001,
-                20261211000001
+                20261211000001,
+                20261212000001
             ]
         );
     }
@@ -348,6 +358,7 @@ mod tests {
             has_schedules_table: false,
             has_partition_starts_table: false,
             has_claim_starts_table: false,
+            has_grants_table: false,
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
@@ -375,6 +386,10 @@ mod tests {
             text.contains("the table queue_jobs_claim_starts") && text.contains("20261208000001"),
             "{text}"
         );
+        assert!(
+            text.contains("the table queue_jobs_grants") && text.contains("20261212000001"),
+            "{text}"
+        );
     }
 
     /// The facts of a standard table with every column and table of the schema, and `indexes`.
@@ -395,6 +410,7 @@ mod tests {
             has_schedules_table: true,
             has_partition_starts_table: true,
             has_claim_starts_table: true,
+            has_grants_table: true,
             id_has_sequence: true,
         }
     }
@@ -414,6 +430,7 @@ mod tests {
             ("partition_tally", 20261208000001_i64),
             ("counted_jobs", 20261210000001),
             ("slotted_claims", 20261211000001),
+            ("room_grants", 20261212000001),
         ] {
             let mut facts = complete.clone();
             facts.controls_columns.retain(|name| name != column);

@@ -53,6 +53,10 @@ pub(crate) const CLAIM_TALLY: Template = template!("claim_tally.sql");
 pub(crate) const CLAIM_COUNT_TALLY: Template = template!("claim_count_tally.sql");
 pub(crate) const CLAIM_TALLY_CLAIMS: Template = template!("claim_tally_claims.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
+pub(crate) const GRANT: Template = template!("grant.sql");
+pub(crate) const CLAIM_GRANTED: Template = template!("claim_granted.sql");
+pub(crate) const RETURN_GRANT: Template = template!("return_grant.sql");
+pub(crate) const SET_ROOM_GRANTS: Template = template!("set_room_grants.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
 pub(crate) const SET_LIMITS: Template = template!("set_limits.sql");
@@ -95,7 +99,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 11] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 12] = [
     (
         20261130000001,
         "queue jobs",
@@ -184,7 +188,19 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 11] = [
             text: include_str!("../migrations/20261211000001_claim_slots.sql"),
         },
     ),
+    (
+        20261212000001,
+        "room grants",
+        Template {
+            name: "20261212000001_room_grants.sql",
+            text: include_str!("../migrations/20261212000001_room_grants.sql"),
+        },
+    ),
 ];
+
+/// The first table migration the legacy upgrade's columns phase renders as it is, after
+/// `upgrade_legacy_columns.sql` (which states the earlier ones' columns itself).
+pub(crate) const UPGRADE_COLUMNS_RENDER_FROM: i64 = 20261212000001;
 
 /// The names of a queue table's columns.
 pub(crate) mod col {
@@ -563,6 +579,45 @@ pub(crate) const AHEAD_MARGIN_MOST: u32 = 256;
 /// a limit (SQLSTATE 22P02, the text cast to a number): the whole claim is undone.
 pub(crate) const AHEAD_OVER: &str = "claim_ahead: over the limits of the queue";
 
+/// Whether room may be granted to queue handles from the queue's row `c` (`grant.sql`): its
+/// switch is on and it has no rate (the grants leave the rates to the claims ahead).
+const GRANTING: &str = "(c.room_grants \
+     AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL) \
+     AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL) \
+     AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL))";
+
+/// The share of the room a queue's limits leave that one grant may take (`grant.sql`): the
+/// others' grants take shares of the rest, and the claims under the lock what is left.
+pub(crate) const GRANT_SHARE: u32 = 4;
+
+/// The text of the error `claim_granted.sql` fails with when its grant is gone or has not the
+/// room for its jobs (SQLSTATE 22P02, the text cast to a number): the whole claim is undone.
+pub(crate) const GRANT_OVER: &str = "claim_granted: no room left of the grant";
+
+/// The picks of `claim_granted.sql`: the batch asked for, at most the grant's jobs left of
+/// them pending jobs.
+const GRANTED_PICKS: Picks<'static> = Picks {
+    due_batch: "LEAST($2::bigint, COALESCE((SELECT jobs_left FROM room), 0))",
+    batch: "$2",
+    guard: "",
+    expired_guard: "",
+    claim_now: "now()",
+};
+
+/// `claim_granted.sql` for `table`: the claim on room granted to the queue handle.
+pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
+    let (due, picks) = claim_parts(table, &GRANTED_PICKS, None)?;
+    for_table_with(
+        CLAIM_GRANTED,
+        table,
+        &[
+            ("claim_due", &due),
+            ("claim_picks", &picks),
+            ("over", GRANT_OVER),
+        ],
+    )
+}
+
 /// The picks of `claim_ahead.sql`: the batch asked for, or none when the room is not ample.
 const AHEAD_PICKS: Picks<'static> = Picks {
     due_batch: "(SELECT jobs FROM take)",
@@ -693,6 +748,7 @@ pub(crate) fn claim_ahead(table: &TableName) -> Result<String, PgError> {
                 &slot_of("p.partition_key", PARTITION_SLOTS)?,
             ),
             ("tally_claims", &tally_claims(table)?),
+            ("granting", GRANTING),
         ],
     )
 }
@@ -818,6 +874,10 @@ pub(crate) struct Sql {
     pub(crate) claim_turns: Arc<str>,
     pub(crate) claim_ahead: Arc<str>,
     pub(crate) lock_queue: Arc<str>,
+    pub(crate) grant: Arc<str>,
+    pub(crate) claim_granted: Arc<str>,
+    pub(crate) return_grant: Arc<str>,
+    pub(crate) set_room_grants: Arc<str>,
     pub(crate) fold_starts: Arc<str>,
     pub(crate) set_limits: Arc<str>,
     pub(crate) finalize: Arc<str>,
@@ -859,6 +919,18 @@ impl Sql {
             claim_turns: claim_turns(table)?.into(),
             claim_ahead: claim_ahead(table)?.into(),
             lock_queue: r(LOCK_QUEUE)?,
+            grant: for_table_with(
+                GRANT,
+                table,
+                &[
+                    ("granting", GRANTING),
+                    ("grant_share", &GRANT_SHARE.to_string()),
+                ],
+            )?
+            .into(),
+            claim_granted: claim_granted(table)?.into(),
+            return_grant: r(RETURN_GRANT)?,
+            set_room_grants: r(SET_ROOM_GRANTS)?,
             fold_starts: r(FOLD_STARTS)?,
             set_limits: for_table_with(
                 SET_LIMITS,

@@ -479,6 +479,8 @@ pub(crate) async fn table_facts<D: Driver>(
     let claim_starts = format!("\"{table}_claim_starts\"");
     let has_claim_starts_table =
         relation_exists::<D>(D::reborrow(&mut conn), &exists, &claim_starts).await?;
+    let grants = format!("\"{table}_grants\"");
+    let has_grants_table = relation_exists::<D>(D::reborrow(&mut conn), &exists, &grants).await?;
     let controls_columns = if has_controls_table {
         D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
             .await?
@@ -497,6 +499,7 @@ pub(crate) async fn table_facts<D: Driver>(
         has_schedules_table,
         has_partition_starts_table,
         has_claim_starts_table,
+        has_grants_table,
         id_has_sequence,
     })
 }
@@ -789,10 +792,138 @@ pub(crate) async fn claim_ahead<D: Driver>(
 
 /// Whether `err` is `claim_ahead.sql`'s own refusal of a claim over the queue's limits.
 fn is_ahead_over(err: &PgError) -> bool {
+    is_refusal(err, crate::sql::AHEAD_OVER)
+}
+
+/// Whether `err` is a statement's own refusal named `text` (SQLSTATE 22P02, the text cast to a
+/// number), which undid everything it wrote.
+fn is_refusal(err: &PgError, text: &str) -> bool {
     err.sqlstate().as_deref() == Some("22P02")
         && err
             .server_message()
-            .is_some_and(|message| message.contains(crate::sql::AHEAD_OVER))
+            .is_some_and(|message| message.contains(text))
+}
+
+/// Room granted to a queue handle (`grant.sql`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) id: i64,
+    /// Jobs its claims may still put in flight.
+    pub(crate) jobs_left: i64,
+    /// Claims it may still make.
+    pub(crate) claims_left: i32,
+}
+
+/// `grant.sql`, in the transaction of [`lock_queue`], after it: a grant of `claims` claims of
+/// `request`'s batch, living `life`, returning `previous`; `None` when none is granted.
+pub(crate) async fn grant<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+    claims: u32,
+    life: Duration,
+    previous: Option<i64>,
+) -> Result<Option<Grant>, PgError> {
+    let life_ms = i64::try_from(life.as_millis()).unwrap_or(i64::MAX);
+    let params = (
+        queue.as_str(),
+        request.holder.as_deref(),
+        i64::from(request.batch_size.max(1)),
+        i64::from(claims.max(1)),
+        life_ms,
+        previous,
+    );
+    let rows = D::query(conn, &sql.grant, &params).await?;
+    rows.first()
+        .map(|row| {
+            Ok(Grant {
+                id: get::<D, i64>(row, "grant_id")?,
+                jobs_left: get::<D, i64>(row, "jobs_left")?,
+                claims_left: get::<D, i32>(row, "claims_left")?,
+            })
+        })
+        .transpose()
+}
+
+/// What a claim on a grant (`claim_granted.sql`) came to.
+#[derive(Debug)]
+pub(crate) enum GrantedClaim {
+    /// Committed; the grant as the claim left it (`None` when the claim took nothing and
+    /// spent nothing).
+    Claimed(Vec<ClaimedJob>, Option<(i64, i32)>),
+    /// The grant is gone, expired, or has not the room: nothing stays.
+    Over,
+}
+
+/// `claim_granted.sql`: a claim of `request` on the grant `grant`.
+pub(crate) async fn claim_granted<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+    grant: i64,
+) -> Result<GrantedClaim, PgError> {
+    let none = Vec::new();
+    let params = Chain(claim_params(queue, request, &none), (grant,));
+    match D::query(conn, &sql.claim_granted, &params).await {
+        Ok(rows) => {
+            let mut jobs = Vec::new();
+            let mut left = None;
+            for row in &rows {
+                match get::<D, Option<i64>>(row, "jobs_left")? {
+                    Some(jobs_left) => {
+                        left = Some((jobs_left, get::<D, i32>(row, "claims_left")?));
+                    }
+                    None => jobs.push(claimed_job::<D>(row)?),
+                }
+            }
+            Ok(GrantedClaim::Claimed(jobs, left))
+        }
+        Err(err) if is_refusal(&err, crate::sql::GRANT_OVER) => Ok(GrantedClaim::Over),
+        Err(err) => Err(err),
+    }
+}
+
+/// `return_grant.sql`: deletes the grant `grant`, its room back.
+pub(crate) async fn return_grant<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    grant: i64,
+) -> Result<(), PgError> {
+    D::execute(conn, &sql.return_grant, &(queue.as_str(), grant)).await?;
+    Ok(())
+}
+
+/// `set_room_grants.sql`: switches room grants on or off for `queue`.
+pub(crate) async fn set_room_grants<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    on: bool,
+) -> Result<bool, PgError> {
+    let rows = D::query(conn, &sql.set_room_grants, &(queue.as_str(), on)).await?;
+    match rows.first() {
+        Some(row) => get::<D, bool>(row, "room_grants"),
+        None => Ok(on),
+    }
+}
+
+/// [`control`] and whether the queue's switch of room grants is on (`false` without a row).
+pub(crate) async fn control_granting<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+) -> Result<(QueueControl, bool), PgError> {
+    let rows = D::query(conn, &sql.queue_control, &(queue.as_str(),)).await?;
+    match rows.first() {
+        Some(row) => Ok((
+            queue_control::<D>(row)?,
+            get::<D, bool>(row, "room_grants")?,
+        )),
+        None => Ok((QueueControl::default(), false)),
+    }
 }
 
 /// `record_schedules.sql`: the scheduler `seen_by`'s schedules of `queue`.

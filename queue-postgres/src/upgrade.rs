@@ -216,13 +216,30 @@ impl LegacyUpgrade {
             .to_owned())
     }
 
+    /// The columns phase: `upgrade_legacy_columns.sql`, then the table migrations whose
+    /// objects it does not state itself (room grants, `20261212000001`, rendered as they are),
+    /// so that the table ends on the current schema.
+    fn columns(&self) -> Result<String, PgError> {
+        let mut text = self.render(sql::UPGRADE_LEGACY_COLUMNS, &[])?;
+        for (version, _, template) in sql::TABLE_MIGRATIONS {
+            if version >= sql::UPGRADE_COLUMNS_RENDER_FROM {
+                let migration = self.render(template, &[])?;
+                text.push_str(";
+
+");
+                text.push_str(migration.trim_end_matches(';'));
+            }
+        }
+        Ok(text)
+    }
+
     /// The statements of the upgrade, phase by phase, in order.
     pub fn steps(&self) -> Result<Vec<UpgradeStep>, PgError> {
         let mut steps = vec![
             UpgradeStep {
                 phase: UpgradePhase::Columns,
                 name: "lease columns".to_owned(),
-                sql: self.render(sql::UPGRADE_LEGACY_COLUMNS, &[])?,
+                sql: self.columns()?,
             },
             UpgradeStep {
                 phase: UpgradePhase::Backfill,

@@ -109,7 +109,7 @@ async fn a_row_another_transaction_holds_holds_up_no_other_renewal<D: TestDriver
         let claim = jobs[1].claim();
         async move { queue.extend_lease(claim, Lease::DEFAULT).await }
     });
-    wait_for_a_lock_wait(&db, "the renewal asked alone waits for the lock").await;
+    support::wait_for_a_lock_wait(&db, "the renewal asked alone waits for the lock").await;
     holder.commit().await.unwrap();
     assert_eq!(alone.await.unwrap().unwrap(), Heartbeat::Held);
     db.drop_db().await;
@@ -381,7 +381,7 @@ async fn a_retry_that_lost_a_race_reports_the_state_the_job_is_in_now<D: TestDri
         })
     };
     // The second retry waits for the first one's row lock.
-    wait_for_a_lock_wait(&db, "the second retry never waited").await;
+    support::wait_for_a_lock_wait(&db, "the second retry never waited").await;
     first.commit().await.unwrap();
     assert_eq!(
         second.await.unwrap(),
@@ -468,7 +468,7 @@ async fn drain_waits_for_a_claim_that_started_before_the_pause<D: TestDriver>() 
     // Wait until the claim sleeps in its trigger, after its update: a statement shows as active
     // from its parse on, before it takes its snapshot, and a claim whose snapshot sees the pause
     // rightly takes nothing.
-    wait_for_activity(
+    support::wait_for_activity(
         &db,
         "state = 'active' AND query LIKE '-- The claim%' AND wait_event = 'PgSleep'",
         "the claim never ran",
@@ -513,31 +513,6 @@ async fn finalize_with_domain_write<D: TestDriver>(
         .unwrap();
     tx.commit().await.unwrap();
     outcomes
-}
-
-/// Returns once a connection to `db` waits on a lock; fails after 10 s, saying `what`.
-async fn wait_for_a_lock_wait(db: &TestDb, what: &str) {
-    wait_for_activity(db, "wait_event_type = 'Lock'", what).await;
-}
-
-/// Returns once a connection to `db` shows in `pg_stat_activity` as `condition` (a fixed SQL
-/// condition on its columns) says; fails after 10 s, saying `what`.
-async fn wait_for_activity(db: &TestDb, condition: &'static str, what: &str) {
-    let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if seen > 0 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::task::yield_now().await;
-    }
 }
 
 fn req(batch: u32) -> ClaimRequest {
@@ -2468,6 +2443,73 @@ fn worker_processes_claiming_ahead_never_exceed_the_partition_limit() {
     );
 }
 
+/// The queue's room grants switched on (as `set_room_grants` does), for
+/// `run_limited_workers_after`'s setup.
+const ROOM_GRANTS_ON: &str =
+    "UPDATE queue_jobs_queues SET room_grants = true, claims = claims + 1 WHERE queue = 'default'";
+
+/// How many grants were made (the grants' identity), for `run_limited_workers_after`'s last read.
+const GRANTS_MADE: &str = "SELECT COALESCE(pg_sequence_last_value(
+     pg_get_serial_sequence('queue_jobs_grants', 'grant_id')), 0)";
+
+/// Six worker processes of twenty-four slots each, claiming at most five jobs at a time (each
+/// job 50 ms of work), on a queue limited to forty jobs in flight whose room grants are on:
+/// far from the limit the handles claim on grants (a quarter of the room left each, for eight
+/// claims) without the queue's row, near it under the lock, which counts the room granted.
+/// Sampled from the database while they run, never more than forty are in flight, the limit
+/// binds, grants were made, and every job completes.
+#[test]
+fn worker_processes_on_grants_never_exceed_the_queue_limit() {
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(40),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..1500).map(|n| NewJob::from_value(json!({ "n": n })));
+    let (most, grants) = run_limited_workers_after(
+        Some((ROOM_GRANTS_ON, GRANTS_MADE)),
+        limits,
+        jobs.collect(),
+        (
+            "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+            40,
+        ),
+        (6, 24, 5, 50),
+        Hold::UntilTheLimit,
+    );
+    assert_eq!(most, 40, "the limit bound: forty ran at once at some point");
+    assert!(grants > 0, "no grant was made");
+}
+
+/// The same under `max_per_partition = 64` on two partitions of 300 jobs (each 300 ms of
+/// work): a grant lets each of its claims put at most its share of one partition in flight,
+/// and the claims under the lock count that share against every partition. No partition ever
+/// has more than 64 in flight, the limit binds, grants were made, and every job completes.
+#[test]
+fn worker_processes_on_grants_never_exceed_the_partition_limit() {
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(64),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..600)
+        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{}", n % 2)));
+    let (most, grants) = run_limited_workers_after(
+        Some((ROOM_GRANTS_ON, GRANTS_MADE)),
+        limits,
+        jobs.collect(),
+        (
+            "SELECT COALESCE(max(n), 0) FROM (
+                 SELECT count(*) AS n FROM queue_jobs
+                 WHERE status = 'in_flight' AND partition_key IS NOT NULL
+                 GROUP BY partition_key) AS per_partition",
+            64,
+        ),
+        (6, 24, 5, 300),
+        Hold::UntilTheLimit,
+    );
+    assert_eq!(most, 64, "the limit bound: 64 of one partition ran at once");
+    assert!(grants > 0, "no grant was made");
+}
+
 /// Three worker processes of eight slots each on a queue of six partitions (twenty jobs each)
 /// and ten jobs without one, limited to two jobs in flight per partition: sampled from the
 /// database while they run, no partition ever has more than two in flight, the limit binds,
@@ -3388,7 +3430,7 @@ async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
             .unwrap()
             .len()
     });
-    wait_for_a_lock_wait(&db, "the claim never waited").await;
+    support::wait_for_a_lock_wait(&db, "the claim never waited").await;
     let later = NewJob::from_value(json!({ "name": "b0 later" }))
         .partition_key("b")
         .unique_key("kb")
@@ -3530,7 +3572,7 @@ async fn claim_ahead_behind_a_locked_claim(
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
     let ahead = spawn_claim_ahead(db, "ahead", batch);
-    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     holder.commit().await.unwrap();
     ahead.await.unwrap()
 }
@@ -3571,7 +3613,7 @@ async fn a_claim_of_three_behind_a_locked_claim<D: TestDriver>(
         let queue = queue.clone();
         tokio::spawn(async move { queue.claim(req(3)).await.unwrap().jobs.len() })
     };
-    wait_for_a_lock_wait(db, "the handle's claim never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(db, "the handle's claim never waited for the queue's row").await;
     (holder, claiming)
 }
 
@@ -3745,7 +3787,7 @@ async fn a_claim_ahead_whose_queues_row_goes_while_it_waits_commits_nothing() {
     twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
     let mut holder = holding_the_queues_row(&db).await;
     let ahead = spawn_claim_ahead(&db, "ahead", 3);
-    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     sqlx::query("DELETE FROM queue_jobs_queues WHERE queue = 'default'")
         .execute(&mut *holder)
         .await
@@ -3768,7 +3810,7 @@ async fn a_claim_ahead_killed_while_it_waits(
         let queue = queue.clone();
         tokio::spawn(async move { queue.claim(req(3)).await })
     };
-    wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(db, "the claim ahead never waited for the queue's row").await;
     assert_the_waiting_claim_has_written(db).await;
     let killed: bool = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -3811,7 +3853,7 @@ async fn claim_ahead_behind_a_long_lock(
         sqlx::query(sql).execute(&mut *holder).await.unwrap();
     }
     let ahead = spawn_claim_ahead(db, "ahead", 3);
-    wait_for_activity(
+    support::wait_for_activity(
         db,
         "wait_event_type = 'Lock' AND clock_timestamp() - query_start > interval '100 milliseconds'",
         "the claim ahead never waited a tenth of a second for the queue's row",
@@ -3954,7 +3996,7 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     .await
     .unwrap();
     let ahead = spawn_claim_ahead(&db, "slow", 3);
-    wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
+    support::wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
     queue.set_limits(QueueLimits::NONE).await.unwrap();
     let other = support::connect_default::<queue_postgres::Sqlx>(&db).await;
     assert_eq!(other.claim(req(10)).await.unwrap().jobs.len(), 10);
@@ -3979,7 +4021,7 @@ async fn a_claim_ahead_counts_the_rate_by_the_clock_under_the_lock() {
     twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
     let mut holder = holding_the_queues_row(&db).await;
     let ahead = spawn_claim_ahead(&db, "ahead", 3);
-    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
     let held = raw_claim(&mut holder, locked, 2, "first", None)
         .await
@@ -4132,7 +4174,7 @@ async fn a_claim_ahead_across_counts_started_again_is_over() {
     .await
     .unwrap();
     let ahead = spawn_claim_ahead(&db, "ahead", 1);
-    wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
+    support::wait_for_a_lock_wait(&db, "the claim ahead never waited for the queue's row").await;
     let first = raw_claim(&mut holder, locked(), 6, "first", None).await;
     assert_eq!(first.unwrap(), (6, vec![]));
     holder.commit().await.unwrap();

@@ -127,6 +127,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         include_str!("../migrations/20260301000010_receipt_jobs_partition_slots.sql"),
         include_str!("../migrations/20260301000011_receipt_jobs_claim_counts.sql"),
         include_str!("../migrations/20260301000012_receipt_jobs_claim_slots.sql"),
+        include_str!("../migrations/20260301000013_receipt_jobs_room_grants.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();

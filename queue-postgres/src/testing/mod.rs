@@ -208,6 +208,20 @@ pub fn claim_ahead_sql(table: &TableName) -> String {
     crate::sql::claim_ahead(table).expect("the claim ahead renders for any table")
 }
 
+/// The claim on room granted to a queue handle, rendered for `table`: parameters as
+/// [`claim_sql`]'s, then `$8` the grant.
+pub fn claim_granted_sql(table: &TableName) -> String {
+    crate::sql::claim_granted(table).expect("the claim on a grant renders for any table")
+}
+
+/// The statements that grant room to a queue handle, rendered for `table`: the lock of the
+/// queue's row (`$1` queue) and, after it in the same transaction, the grant (`$1` queue, `$2`
+/// holder, `$3` batch, `$4` claims, `$5` life in milliseconds, `$6` the grant to return).
+pub fn grant_sql(table: &TableName) -> [String; 2] {
+    let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
+    [sql.lock_queue.to_string(), sql.grant.to_string()]
+}
+
 /// The claim of a queue whose partitions take turns, rendered for `table`, for tests that read
 /// its plan: parameters as [`claim_sql`]'s.
 pub fn claim_turns_sql(table: &TableName) -> String {

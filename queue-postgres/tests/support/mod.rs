@@ -173,3 +173,28 @@ macro_rules! per_driver {
         }
     };
 }
+
+/// Returns once a connection to `db` waits on a lock; fails after 10 s, saying `what`.
+pub async fn wait_for_a_lock_wait(db: &TestDb, what: &str) {
+    wait_for_activity(db, "wait_event_type = 'Lock'", what).await;
+}
+
+/// Returns once a connection to `db` shows in `pg_stat_activity` as `condition` (a fixed SQL
+/// condition on its columns) says; fails after 10 s, saying `what`.
+pub async fn wait_for_activity(db: &TestDb, condition: &'static str, what: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if seen > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
+}

@@ -1,0 +1,69 @@
+-- The claim: recovery folded in, by the database's clock only.
+-- This form claims from a queue with limits on room granted to the claimer's queue handle
+-- (grant.sql), without the queue's row lock and without counting the queue's jobs in flight
+-- (its first line is claim.sql's, so that a drain finds it running).
+--
+-- Parameters: claim.sql's $1 to $7; $8 the grant.
+--
+-- Picks as claim.sql does, keeping at most the grant's jobs_left pending jobs and at most its
+-- per_claim of one partition (the earliest; rows picked and not kept stay locked only until
+-- the commit), and spends the grant in the same statement: jobs_left less its new jobs
+-- (takeovers put no job in flight), claims_left less one. The spend's guard is in the update's
+-- WHERE, read again on the newest version of the grant's row (two connections of one handle
+-- cannot both spend its last room), backed by the table's CHECKs; the grant must also not have
+-- expired. When the grant's row is gone (deleted: returned, expired and swept, the queue's
+-- limits or switch changed) or has not room for the jobs taken, the statement fails with
+-- SQLSTATE 22P02 and a message naming {{over}} (a cast of that text, made of the claim's job
+-- count so that the planner cannot fold it into a constant), and nothing it wrote stays:
+-- the caller drops the grant and claims another way. So it does when its snapshot shows the
+-- grant gone, expired or spent. A claim that finds nothing due spends nothing.
+--
+-- Guarantees: claim.sql's, and the queue's limits in flight: every grant's room is counted by
+-- the other claims (claim_quota.sql) and grants (grant.sql) until its row is deleted, and this
+-- claim moves its new jobs from the grant's jobs_left into the in-flight rows, and at most
+-- per_claim of any one partition while the grant's per_claim * claims_left falls by per_claim.
+WITH room AS MATERIALIZED (
+    SELECT g.jobs_left, g.per_claim
+    FROM "{{table}}_grants" AS g
+    WHERE g.queue = $1 AND g.grant_id = $8 AND g.claims_left > 0 AND g.jobs_left > 0
+      AND g.expires_at > clock_timestamp()
+),
+plain AS MATERIALIZED (
+{{claim_due}}
+),
+due AS MATERIALIZED (
+    SELECT p.id, p.next_attempt_at, p.priority, p.reclaims, p.expired, p.partition_key
+    FROM (SELECT p.*,
+                 row_number() OVER (PARTITION BY p.partition_key
+                                    ORDER BY p.next_attempt_at, p.priority, p.id) AS nth
+          FROM plain AS p) AS p
+    WHERE p.partition_key IS NULL OR p.nth <= (SELECT per_claim FROM room)
+),
+{{claim_picks}},
+spent AS (
+    UPDATE "{{table}}_grants" AS g
+    SET jobs_left = g.jobs_left - n.new_jobs,
+        claims_left = g.claims_left - 1
+    FROM (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
+          FROM claimed) AS n
+    WHERE g.queue = $1 AND g.grant_id = $8
+      AND n.all_jobs > 0
+      AND g.jobs_left >= n.new_jobs
+      AND g.claims_left >= 1
+      AND g.expires_at > clock_timestamp()
+    RETURNING g.jobs_left, g.claims_left
+)
+SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
+       payload, taken_over, over_reclaim_cap, cancel_requested, NULL::bigint AS jobs_left,
+       NULL::integer AS claims_left
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, s.jobs_left,
+       s.claims_left
+FROM spent AS s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ('{{over}} with ' || (SELECT count(*) FROM claimed) || ' jobs')::bigint, NULL
+WHERE (EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM spent))
+   OR NOT EXISTS (SELECT 1 FROM room)
+ORDER BY due_at, priority, id

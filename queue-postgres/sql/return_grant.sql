@@ -1,0 +1,6 @@
+-- Returns a queue handle's grant (grant.sql): its row deleted, its room back for the others'
+-- claims and grants at once (a handle whose claim found nothing due, or that claims under the
+-- lock from now on). A claim on it that runs meanwhile finds no row and fails.
+--
+-- Parameters: $1 queue; $2 the grant.
+DELETE FROM "{{table}}_grants" WHERE queue = $1 AND grant_id = $2

@@ -1,0 +1,490 @@
+//! Room granted to a queue handle for several claims (`grant.sql`, `claim_granted.sql`,
+//! docs/adr/0004-room-grants.md): the grants' room is counted by every other claim, spent
+//! only once, and given back when the grant's row goes (returned, expired, or the limits or
+//! the switch changed), whatever writes the queue's row.
+
+mod support;
+
+use std::time::Duration;
+
+use queue_core::{Admin, Backend, ClaimRequest, Lease, NewJob, QueueLimits};
+use queue_postgres::{PostgresQueue, Sqlx, TableName};
+use serde_json::json;
+use sqlx::Row;
+use support::{TestDb, TestDriver};
+
+fn req(batch: u32) -> ClaimRequest {
+    ClaimRequest::new(batch, Lease::DEFAULT)
+}
+
+/// A handle on a fresh database's default queue holding `jobs`, under `limits`, its room grants
+/// switched on.
+async fn granting<D: TestDriver>(
+    db: &TestDb,
+    limits: QueueLimits,
+    jobs: Vec<NewJob>,
+) -> PostgresQueue<D> {
+    let queue = support::connect_default::<D>(db).await;
+    queue.enqueue_many(jobs).await.unwrap();
+    queue.set_limits(limits).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    queue
+}
+
+fn plain_jobs(n: usize) -> Vec<NewJob> {
+    (0..n)
+        .map(|n| NewJob::from_value(json!({ "n": n })))
+        .collect()
+}
+
+fn partitioned_jobs(n: usize, key: &str) -> Vec<NewJob> {
+    (0..n)
+        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key(key))
+        .collect()
+}
+
+/// A grant as `grant.sql` returns it: `(grant_id, jobs_left, claims_left, per_claim)`.
+type GrantRow = (i64, i64, i32, i32);
+
+/// Asks for a grant of eight claims of `batch` for the default queue, as a handle does (the
+/// queue's row locked first, in one transaction), returning `previous`.
+async fn ask_grant(db: &TestDb, batch: i64, previous: Option<i64>) -> Option<GrantRow> {
+    let [lock, grant] = queue_postgres::testing::grant_sql(&TableName::default());
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(lock))
+        .bind("default")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let row = sqlx::query(sqlx::AssertSqlSafe(grant))
+        .bind("default")
+        .bind("test")
+        .bind(batch)
+        .bind(8_i64)
+        .bind(2000_i64)
+        .bind(previous)
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    row.map(|r| {
+        (
+            r.get("grant_id"),
+            r.get("jobs_left"),
+            r.get("claims_left"),
+            r.get("per_claim"),
+        )
+    })
+}
+
+/// A claim of `batch` on the grant `grant` (`claim_granted.sql`) on `conn`: the jobs it took.
+async fn claim_on(
+    conn: &mut sqlx::PgConnection,
+    grant: i64,
+    batch: i64,
+) -> Result<usize, sqlx::Error> {
+    let sql = queue_postgres::testing::claim_granted_sql(&TableName::default());
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("granted")
+        .bind(42_i64)
+        .bind(Vec::<i64>::new())
+        .bind(grant)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .iter()
+        .filter(|row| row.get::<Option<i64>, _>("id").is_some())
+        .count())
+}
+
+/// Asserts that `claim` is `claim_granted.sql`'s refusal, which undid everything it wrote.
+fn assert_refused(claim: Result<usize, sqlx::Error>) {
+    let err = claim.expect_err("the claim on the grant is refused");
+    let server = err.as_database_error().expect("the server refused it");
+    assert_eq!(server.code().as_deref(), Some("22P02"), "{err}");
+    assert!(
+        server
+            .message()
+            .contains("claim_granted: no room left of the grant"),
+        "{err}"
+    );
+}
+
+async fn count(db: &TestDb, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
+}
+
+async fn in_flight(db: &TestDb) -> i64 {
+    count(
+        db,
+        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+    )
+    .await
+}
+
+async fn grants(db: &TestDb) -> i64 {
+    count(db, "SELECT count(*) FROM queue_jobs_grants").await
+}
+
+/// The claims counter of the default queue's row.
+async fn claims_counter(db: &TestDb) -> i64 {
+    count(
+        db,
+        "SELECT claims FROM queue_jobs_queues WHERE queue = 'default'",
+    )
+    .await
+}
+
+/// A grant of `max_in_flight = 40` takes a quarter of the room (ten jobs for eight claims of
+/// five); the claim under the lock counts those ten as if in flight and takes thirty, not
+/// forty; the claims on the grant then take the ten, and the queue never passes forty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_counts_the_jobs_granted() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(40),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let before = claims_counter(&db).await;
+    let (grant, jobs_left, claims_left, _) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!((jobs_left, claims_left), (10, 8));
+    assert_eq!(
+        claims_counter(&db).await,
+        before + 1,
+        "a grant moves the claims counter"
+    );
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let under_lock: i64 = sqlx::query(sqlx::AssertSqlSafe(locked))
+        .bind("default")
+        .bind(40_i64)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("locked")
+        .bind(7_i64)
+        .bind(Vec::<i64>::new())
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|row| row.get::<Option<String>, _>("marker").is_none())
+        .count() as i64;
+    assert_eq!(under_lock, 30, "the lock leaves the granted ten");
+
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    assert_eq!(in_flight(&db).await, 40);
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+    assert_eq!(in_flight(&db).await, 40, "the refused claim left nothing");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// Under `max_per_partition = 64` a grant of eight claims may put two jobs of one partition in
+/// flight a claim (a 1/4 share of 64 over eight claims): the claim under the lock counts those
+/// sixteen against every partition and takes 48 of one; a claim on the grant takes at most two
+/// of it, and the partition never passes 64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_counts_the_room_granted_per_partition() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(64),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, partitioned_jobs(100, "a")).await;
+    let (grant, _, claims_left, per_claim) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!((claims_left, per_claim), (8, 2));
+    let queue = support::connect_default::<Sqlx>(&db).await;
+    // This handle has not seen the switch yet: no claim ahead passes it, and the lock counts
+    // the grant.
+    let mut under_lock = 0;
+    loop {
+        let taken = queue.claim(req(100)).await.unwrap().jobs.len();
+        if taken == 0 {
+            break;
+        }
+        under_lock += taken;
+    }
+    assert_eq!(under_lock, 48);
+    let mut conn = db.pool.acquire().await.unwrap();
+    for _ in 0..8 {
+        assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 2, "per_claim");
+    }
+    assert_eq!(in_flight(&db).await, 64);
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// Two connections spend one grant's last room at once: the first holds the grant's row until
+/// it commits, the second reads the row again once it may (its guard is in the update's WHERE)
+/// and is refused, undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_claims_spend_a_grants_last_room_once() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(40),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    sqlx::query("UPDATE queue_jobs_grants SET jobs_left = 5 WHERE grant_id = $1")
+        .bind(grant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut first = db.pool.begin().await.unwrap();
+    assert_eq!(claim_on(&mut first, grant, 5).await.unwrap(), 5);
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        claim_on(&mut conn, grant, 5).await
+    });
+    support::wait_for_a_lock_wait(&db, "the second claim never waited").await;
+    first.commit().await.unwrap();
+    assert_refused(second.await.unwrap());
+    assert_eq!(in_flight(&db).await, 5, "the second claim left nothing");
+    db.drop_db().await;
+}
+
+/// A grant counts until its row is deleted: an expired one is refused to its claims, still
+/// counted by the lock, and deleted by the next grant statement (which then grants from the
+/// room it gave back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_grant_is_refused_and_its_room_comes_back() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(40),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    // The grant's expiry passes (the database's clock, moved for its row).
+    sqlx::query("UPDATE queue_jobs_grants SET expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+    assert_eq!(in_flight(&db).await, 0);
+    // Still counted: three more grants of a quarter each fit beside its ten, as before expiry.
+    let (second, jobs_left, ..) = ask_grant(&db, 5, None).await.expect("a second grant");
+    assert_eq!(jobs_left, 7, "(40 - 10) / 4: the expired grant was counted");
+    assert_eq!(grants(&db).await, 1, "the expired grant was deleted");
+    // A grant the statement deletes still counts in it (a claim on it may commit meanwhile),
+    // and no more after it.
+    let (third, jobs_left, ..) = ask_grant(&db, 5, Some(second)).await.expect("a third");
+    assert_eq!(
+        jobs_left, 8,
+        "(40 - 7) / 4: the returned grant counted once more"
+    );
+    assert_eq!(grants(&db).await, 1, "the returned grant was deleted");
+    let (_, jobs_left, ..) = ask_grant(&db, 5, Some(third)).await.expect("a fourth");
+    assert_eq!(
+        jobs_left, 8,
+        "(40 - 8) / 4: the second grant's room came back"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A change of the limits deletes the queue's grants, whatever writes the row: the framework's
+/// `set_limits`, an older release's (which knows nothing of grants), or a hand. Their claims
+/// are refused; the handle's next claim goes on under the new limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_the_limits_deletes_the_grants() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(40),
+        ..QueueLimits::NONE
+    };
+    let queue = granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    let lowered = QueueLimits {
+        max_in_flight: Some(3),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(lowered).await.unwrap();
+    assert_eq!(grants(&db).await, 0);
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+    assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 3);
+
+    // An older release's write of the limits, by hand here: the trigger deletes the grants.
+    queue.set_limits(limits).await.unwrap();
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    sqlx::query("UPDATE queue_jobs_queues SET max_in_flight = 4 WHERE queue = 'default'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(grants(&db).await, 0);
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+
+    // The limits written as they were delete nothing; the switch turned off deletes them too.
+    queue.set_limits(limits).await.unwrap();
+    ask_grant(&db, 5, None).await.expect("a grant");
+    queue.set_limits(limits).await.unwrap();
+    assert_eq!(grants(&db).await, 1, "limits set as they were");
+    assert!(!queue.set_room_grants(false).await.unwrap());
+    assert_eq!(grants(&db).await, 0);
+    assert_eq!(ask_grant(&db, 5, None).await, None, "no grant while off");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// No grant is given near a limit (the share of the room left is short of a batch), under a
+/// rate (the grants leave rates to the claims ahead), or while the queue is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_grant_near_a_limit_under_a_rate_or_paused() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(19),
+        ..QueueLimits::NONE
+    };
+    let queue = granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    assert_eq!(ask_grant(&db, 5, None).await, None, "19 / 4 is short of 5");
+    assert!(
+        ask_grant(&db, 4, None).await.is_some(),
+        "a batch of four fits"
+    );
+    let rated = QueueLimits {
+        max_in_flight: Some(40),
+        rate: Some(queue_core::RateLimit::new(1000, Duration::from_secs(1)).unwrap()),
+        ..QueueLimits::NONE
+    };
+    queue.set_limits(rated).await.unwrap();
+    assert_eq!(ask_grant(&db, 5, None).await, None, "a rate");
+    queue
+        .set_limits(QueueLimits {
+            rate: None,
+            ..rated
+        })
+        .await
+        .unwrap();
+    queue.pause().await.unwrap();
+    assert_eq!(ask_grant(&db, 5, None).await, None, "paused");
+    queue.resume().await.unwrap();
+    assert!(ask_grant(&db, 5, None).await.is_some());
+    db.drop_db().await;
+}
+
+/// A claim of five with `claim_ahead.sql` (margin four) on `conn`.
+async fn run_ahead(
+    ahead: String,
+    conn: &mut sqlx::PgConnection,
+) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(ahead))
+        .bind("default")
+        .bind(5_i64)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("ahead")
+        .bind(42_i64)
+        .bind(Vec::<i64>::new())
+        .bind(4_i64)
+        .fetch_all(conn)
+        .await
+}
+
+/// A claim ahead does not count granted room, so none passes a queue granting it: its snapshot
+/// shows it 'binding', and one whose queue switched grants on while it ran fails at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_claim_ahead_beside_grants() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(400),
+        ..QueueLimits::NONE
+    };
+    let queue = granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let ahead = queue_postgres::testing::claim_ahead_sql(&TableName::default());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let rows = run_ahead(ahead.clone(), &mut conn).await.unwrap();
+    let markers: Vec<String> = rows
+        .iter()
+        .filter_map(|row| row.get::<Option<String>, _>("marker"))
+        .collect();
+    assert_eq!(markers, ["binding"]);
+    assert_eq!(in_flight(&db).await, 0);
+
+    // Off, a claim ahead goes ahead, and one that meets the switch turned on at its end fails.
+    queue.set_room_grants(false).await.unwrap();
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("UPDATE queue_jobs_queues SET room_grants = true, claims = claims + 1")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let waiting = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        run_ahead(ahead, &mut conn).await.map(|rows| rows.len())
+    });
+    support::wait_for_a_lock_wait(&db, "the second claim never waited").await;
+    holder.commit().await.unwrap();
+    let err = waiting.await.unwrap().expect_err("the claim ahead fails");
+    assert!(
+        err.to_string().contains("claim_ahead: over the limits"),
+        "{err}"
+    );
+    assert_eq!(in_flight(&db).await, 0);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// Through a queue handle, on either driver: with the switch on its claims take a grant and
+/// spend it (the claims counter moves once for the grant, not once a claim), each claim
+/// within the grant's share per partition; a claim that finds nothing due returns the grant.
+async fn a_handle_claims_on_grants<D: TestDriver>() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1000),
+        ..QueueLimits::NONE
+    };
+    let mut jobs = partitioned_jobs(30, "a");
+    jobs.extend(partitioned_jobs(30, "b"));
+    let queue = granting::<D>(&db, limits, jobs).await;
+    let before = claims_counter(&db).await;
+    let mut taken = 0;
+    for _ in 0..4 {
+        let batch = queue.claim(req(10)).await.unwrap().jobs;
+        assert_eq!(batch.len(), 10);
+        taken += batch.len();
+    }
+    assert_eq!(
+        claims_counter(&db).await,
+        before + 1,
+        "one grant, four claims"
+    );
+    let left: (i64, i32) = sqlx::query_as(
+        "SELECT jobs_left, claims_left FROM queue_jobs_grants WHERE queue = 'default'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, (80 - 40, 4));
+    while taken < 60 {
+        let n = queue.claim(req(10)).await.unwrap().jobs.len();
+        assert!(n > 0);
+        taken += n;
+    }
+    assert!(queue.claim(req(10)).await.unwrap().jobs.is_empty());
+    assert_eq!(grants(&db).await, 0, "the idle handle returned its grant");
+    assert_eq!(in_flight(&db).await, 60);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_claims_on_grants_sqlx() {
+    a_handle_claims_on_grants::<Sqlx>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_claims_on_grants_tokio_postgres() {
+    a_handle_claims_on_grants::<queue_postgres::TokioPostgres>().await;
+}
