@@ -20,8 +20,9 @@
 --
 -- Guarantees: claim.sql's, and the queue's limits in flight: every grant's room is counted by
 -- the other claims (claim_quota.sql) and grants (grant.sql) until its row is deleted, and this
--- claim moves its new jobs from the grant's jobs_left into the in-flight rows, and at most
--- per_claim of any one partition while the grant's per_claim * claims_left falls by per_claim.
+-- claim moves its new jobs from the grant's jobs_left into the in-flight rows, and puts at
+-- most per_claim of any one partition in flight (and no more than its new jobs), while the
+-- least of the grant's per_claim * claims_left and jobs_left falls by at least as many.
 WITH room AS MATERIALIZED (
     SELECT g.jobs_left, g.per_claim
     FROM "{{table}}_grants" AS g

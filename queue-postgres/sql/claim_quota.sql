@@ -43,8 +43,8 @@
 --
 -- Room granted to queue handles (room_grants on; grant.sql, table migration 20261212000001)
 -- is taken off the limits the claim applies: max_in_flight less the grants' jobs_left, and
--- max_per_partition less their per_claim * claims_left (a grant's claims may each put that
--- many of any one partition in flight), every grant counted until its row is deleted, expired
+-- max_per_partition less the least of their per_claim * claims_left and jobs_left (a grant's
+-- claims may each put per_claim of any one partition in flight, and no more than its jobs), every grant counted until its row is deleted, expired
 -- or not. The grants are read from the statement's snapshot, which, unless stale, is younger
 -- than every grant (a grant moves the claims counter): a claim on a grant that committed since
 -- moved its jobs from the grant's jobs_left, which the snapshot counts, into the in-flight
@@ -57,7 +57,7 @@ control AS MATERIALIZED (
            c.rate_starts, c.rate_per_ms, c.rate_log, c.claims,
            CASE WHEN c.room_grants AND c.max_per_partition IS NOT NULL
                 THEN c.max_per_partition
-                     - (SELECT COALESCE(sum(g.per_claim::bigint * g.claims_left), 0)::bigint
+                     - (SELECT COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint
                         FROM "{{table}}_grants" AS g WHERE g.queue = $1)
                 ELSE c.max_per_partition END AS max_per_partition,
            c.partition_cursor, c.partition_rate_starts,

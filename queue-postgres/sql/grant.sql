@@ -6,14 +6,16 @@
 --
 -- Parameters: $1 queue; $2 the holder's name (NULL for none); $3 the batch its claims ask for;
 -- $4 how many claims; $5 the grant's life in milliseconds (the database's clock); $6 the
--- holder's previous grant, returned here (deleted; NULL for none). Returns the grant, or no
+-- holder's grants spent to their end, returned here (deleted; empty for none). Returns the grant, or no
 -- row when none is granted: the queue's switch is off, it has a rate or no limit in flight
 -- (the grants leave the rates to claim_ahead.sql), it is paused, or the room its limits leave
 -- is too short for a batch. Then claim under the lock.
 --
 -- The room: F, the queue's jobs in flight, and J, the jobs_left of every grant (expired or
 -- not: a grant counts until its row is deleted); M, the most jobs in flight of one partition,
--- and P, the per_claim * claims_left of every grant. A grant of G jobs and $4 claims of at most
+-- and P, the least of per_claim * claims_left and jobs_left of every grant (a claim on it
+-- puts x jobs of a partition in flight, x at most per_claim and at most its new jobs, and
+-- lowers that least by x or more). A grant of G jobs and $4 claims of at most
 -- c jobs of one partition each keeps F + J + G <= max_in_flight and M + P + c * $4 <=
 -- max_per_partition, taking at most a 1/{{grant_share}} share of what each leaves (G the
 -- claims' batches, c the batch; other handles' grants take shares of the rest), and needs G of
@@ -23,7 +25,7 @@
 -- only lower F: the snapshot's sums are never short.
 --
 -- It deletes the expired grants and the spent ones (no job or no claim left), and the
--- holder's previous grant, so that their room comes back, whether it grants or not; a claim on
+-- holder's grants in $6, so that their room comes back, whether it grants or not; a claim on
 -- a grant it deletes finds no row and fails (claim_granted.sql). A grant moves the row's
 -- claims counter, as a claim does: a claim under the lock whose snapshot predates it is stale
 -- and claims again after the lock (claim_quota.sql).
@@ -34,7 +36,7 @@ WITH control AS MATERIALIZED (
 ),
 granted AS MATERIALIZED (
     SELECT COALESCE(sum(g.jobs_left), 0)::bigint AS jobs,
-           COALESCE(sum(g.per_claim::bigint * g.claims_left), 0)::bigint AS partition_room
+           COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint AS partition_room
     FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
 ),
@@ -57,7 +59,7 @@ sized AS MATERIALIZED (
                 ELSE LEAST($4::bigint * $3::bigint,
                            (c.max_in_flight - n.in_flight - g.jobs) / {{grant_share}})
            END AS jobs,
-           CASE WHEN c.max_per_partition IS NULL THEN $3::bigint
+           CASE WHEN c.max_per_partition IS NULL THEN LEAST($3::bigint, 2147483647)
                 ELSE LEAST($3::bigint,
                            (c.max_per_partition - n.most - g.partition_room)
                            / ({{grant_share}} * $4::bigint))
@@ -68,7 +70,7 @@ swept AS (
     DELETE FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
       AND (g.expires_at <= clock_timestamp() OR g.jobs_left = 0 OR g.claims_left = 0
-           OR g.grant_id = $6::bigint)
+           OR g.grant_id = ANY ($6::bigint[]))
 ),
 inserted AS (
     INSERT INTO "{{table}}_grants" (queue, holder, jobs_left, claims_left, per_claim, expires_at)

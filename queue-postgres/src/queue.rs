@@ -56,8 +56,6 @@ struct Inner<D: Driver> {
     ahead: std::sync::Mutex<AheadState>,
     /// The room granted to this handle (`grant.sql`), and when it last went without.
     grants: std::sync::Mutex<GrantState>,
-    /// Held while the handle asks for a grant, so that its claims running at once ask once.
-    granting: tokio::sync::Mutex<()>,
     _listener: Option<ListenerGuard>,
 }
 
@@ -73,12 +71,14 @@ const GRANT_LIFE: Duration = Duration::from_secs(2);
 /// nothing due and it returned the grant) claims under the lock before it asks again.
 const GRANT_PAUSE: Duration = Duration::from_millis(250);
 
-/// The room granted to a queue handle: the grant its claims spend, the one it spent to its end
-/// (the next grant statement deletes it), and when it last went without one.
+/// The room granted to a queue handle: grants no claim is spending now (each claim running
+/// spends a grant of its own, so that claims of one handle never wait for one another's grant
+/// row), the ones spent to their end (the next grant statement deletes them), and when the
+/// handle last went without one.
 #[derive(Debug, Default)]
 struct GrantState {
-    held: Option<statement::Grant>,
-    spent: Option<i64>,
+    idle: Vec<statement::Grant>,
+    spent: Vec<i64>,
     without_at: Option<std::time::Instant>,
 }
 
@@ -247,7 +247,6 @@ impl<D: Driver> PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
-                granting: Default::default(),
                 _listener: listener,
             }),
         })
@@ -467,7 +466,7 @@ impl<D: Driver> PostgresQueue<D> {
             && (limits.max_in_flight.is_some() || limits.max_per_partition.is_some());
         self.inner.limits_seen.lock().expect("limits lock").granting = granting;
         if !granting {
-            self.drop_grant(None).await?;
+            self.drop_grants().await?;
         }
         Ok(!limits.is_none())
     }
@@ -487,75 +486,92 @@ impl<D: Driver> PostgresQueue<D> {
         self.inner.limits_seen.lock().expect("limits lock").granting
     }
 
-    /// Returns the handle's grant, if it holds one (`id`: only that one), so that its room
-    /// comes back at once, and claims under the lock for a while ([`GRANT_PAUSE`]).
-    async fn drop_grant(&self, id: Option<i64>) -> Result<(), PgError> {
-        let returned = {
+    /// Returns the grants the handle holds and no claim is spending, and those it spent to
+    /// their end, so that their room comes back at once (the queue stopped granting).
+    async fn drop_grants(&self) -> Result<(), PgError> {
+        let returned: Vec<i64> = {
             let mut state = self.inner.grants.lock().expect("grants lock");
-            let held = state.held.filter(|g| id.is_none_or(|id| g.id == id));
-            if held.is_some() {
-                state.held = None;
-                state.without_at = Some(std::time::Instant::now());
-            }
-            held.map(|g| g.id).into_iter().chain(state.spent.take())
+            let idle = std::mem::take(&mut state.idle);
+            idle.iter()
+                .map(|g| g.id)
+                .chain(std::mem::take(&mut state.spent))
+                .collect()
         };
-        let inner = &self.inner;
         for grant in returned {
-            let mut conn = D::acquire(&inner.pool).await?;
-            statement::return_grant::<D>(
-                D::pooled(&mut conn),
-                &inner.sql,
-                &inner.config.queue,
-                grant,
-            )
-            .await?;
+            if let Err(err) = self.return_grant(grant).await {
+                // Deleted by the next grant statement, or counted until it expires.
+                self.inner
+                    .grants
+                    .lock()
+                    .expect("grants lock")
+                    .spent
+                    .push(grant);
+                return Err(err);
+            }
         }
         Ok(())
     }
 
-    /// The handle's grant, asking for one (`grant.sql`, after the queue's row lock) when it
-    /// holds none and may ask; `None` when it goes without.
-    async fn grant(&self, request: &ClaimRequest) -> Result<Option<statement::Grant>, PgError> {
+    /// Deletes the grant `grant` (`return_grant.sql`): its room back for the others.
+    async fn return_grant(&self, grant: i64) -> Result<(), PgError> {
+        let inner = &self.inner;
+        let mut conn = D::acquire(&inner.pool).await?;
+        statement::return_grant::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, grant)
+            .await
+    }
+
+    /// A grant for one claim to spend: one no other claim of the handle is spending, or a new
+    /// one (`grant.sql`, after the queue's row lock, deleting the grants the handle spent);
+    /// `None` when the handle goes without ([`GRANT_PAUSE`] after the queue last gave none).
+    async fn take_grant(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<Option<statement::Grant>, PgError> {
         let now = std::time::Instant::now;
-        {
-            let state = self.inner.grants.lock().expect("grants lock");
-            if state.held.is_some() || !state.may_ask(now()) {
-                return Ok(state.held);
+        let spent = {
+            let mut state = self.inner.grants.lock().expect("grants lock");
+            // The oldest first: a grant left idle still counts against the limits.
+            if !state.idle.is_empty() {
+                return Ok(Some(state.idle.remove(0)));
             }
-        }
-        let _asking = self.inner.granting.lock().await;
-        let previous = {
-            let state = self.inner.grants.lock().expect("grants lock");
-            if state.held.is_some() || !state.may_ask(now()) {
-                // Another claim of this handle asked meanwhile.
-                return Ok(state.held);
+            if !state.may_ask(now()) {
+                return Ok(None);
             }
-            state.spent
+            std::mem::take(&mut state.spent)
         };
         let inner = &self.inner;
         let queue = &inner.config.queue;
-        let mut tx = D::begin(&inner.pool).await?;
-        statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-        let grant = statement::grant::<D>(
-            D::in_tx(&mut tx),
-            &inner.sql,
-            queue,
-            request,
-            GRANT_CLAIMS,
-            GRANT_LIFE,
-            previous,
-        )
-        .await?;
-        D::commit(tx).await?;
-        let mut state = self.inner.grants.lock().expect("grants lock");
-        if state.spent == previous {
-            state.spent = None;
+        let asked = async {
+            let mut tx = D::begin(&inner.pool).await?;
+            statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+            let grant = statement::grant::<D>(
+                D::in_tx(&mut tx),
+                &inner.sql,
+                queue,
+                request,
+                GRANT_CLAIMS,
+                GRANT_LIFE,
+                &spent,
+            )
+            .await?;
+            D::commit(tx).await?;
+            Ok::<_, PgError>(grant)
         }
-        state.held = grant;
-        if grant.is_none() {
-            state.without_at = Some(now());
+        .await;
+        let mut state = inner.grants.lock().expect("grants lock");
+        match asked {
+            Ok(grant) => {
+                if grant.is_none() {
+                    state.without_at = Some(now());
+                }
+                Ok(grant)
+            }
+            Err(err) => {
+                // Still to be deleted by the next grant statement.
+                state.spent.extend(spent);
+                Err(err)
+            }
         }
-        Ok(grant)
     }
 
     /// A claim on room granted to the handle (`claim_granted.sql`), while the queue grants it;
@@ -564,46 +580,64 @@ impl<D: Driver> PostgresQueue<D> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
         // A grant gone or short of room (expired, the limits changed) is dropped and another
-        // asked for once.
+        // taken once.
         for _ in 0..2 {
-            let Some(grant) = self.grant(request).await? else {
+            let Some(grant) = self.take_grant(request).await? else {
                 return Ok(None);
             };
-            let mut conn = D::acquire(&inner.pool).await?;
-            let claim = statement::claim_granted::<D>(
-                D::pooled(&mut conn),
-                &inner.sql,
-                queue,
-                request,
-                grant.id,
-            )
-            .await?;
-            drop(conn);
-            match claim {
-                statement::GrantedClaim::Claimed(jobs, _) if jobs.is_empty() => {
-                    // Nothing due: the room goes back to the others while this handle idles.
-                    self.drop_grant(Some(grant.id)).await?;
-                    return Ok(Some(ClaimBatch { jobs }));
+            let claim = async {
+                let mut conn = D::acquire(&inner.pool).await?;
+                statement::claim_granted::<D>(
+                    D::pooled(&mut conn),
+                    &inner.sql,
+                    queue,
+                    request,
+                    grant.id,
+                )
+                .await
+            }
+            .await;
+            let claim = match claim {
+                Ok(claim) => claim,
+                Err(err) => {
+                    // The claim may or may not have spent it: the grant statement deletes it.
+                    inner
+                        .grants
+                        .lock()
+                        .expect("grants lock")
+                        .spent
+                        .push(grant.id);
+                    return Err(err);
                 }
+            };
+            match claim {
                 statement::GrantedClaim::Claimed(jobs, left) => {
-                    let spent = left.is_none_or(|(jobs_left, claims_left)| {
-                        claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
-                    });
-                    if spent {
-                        let mut state = inner.grants.lock().expect("grants lock");
-                        if state.held.is_some_and(|g| g.id == grant.id) {
-                            state.held = None;
-                            state.spent = Some(grant.id);
-                        }
+                    // Nothing due (the room goes back to the others while this handle idles),
+                    // or spent to its end (what is left of it still counts until deleted).
+                    let idle = jobs.is_empty();
+                    let spent = idle
+                        || left.is_none_or(|(jobs_left, claims_left)| {
+                            claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
+                        });
+                    if !spent {
+                        inner.grants.lock().expect("grants lock").idle.push(grant);
+                    } else if self.return_grant(grant.id).await.is_err() {
+                        // The claim stands; the next grant statement deletes the grant.
+                        inner
+                            .grants
+                            .lock()
+                            .expect("grants lock")
+                            .spent
+                            .push(grant.id);
+                    }
+                    if idle {
+                        inner.grants.lock().expect("grants lock").without_at =
+                            Some(std::time::Instant::now());
                     }
                     return Ok(Some(ClaimBatch { jobs }));
                 }
                 statement::GrantedClaim::Over => {
                     queue_core::metrics::record_limited_claim_rerun(queue);
-                    let mut state = inner.grants.lock().expect("grants lock");
-                    if state.held.is_some_and(|g| g.id == grant.id) {
-                        state.held = None;
-                    }
                 }
             }
         }
@@ -1249,7 +1283,6 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
-                granting: Default::default(),
                 _listener: None,
             }),
         }

@@ -130,6 +130,19 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 16] = [
     ("room_grants", 20261212000001, "room grants"),
 ];
 
+/// Whether the table's companions are all there as the latest table migration leaves them:
+/// `<table>_queues` with every column the limited claims read, and the other tables.
+pub(crate) fn companions_complete(facts: &TableFacts) -> bool {
+    facts.has_controls_table
+        && CONTROLS_LIMITS_COLUMNS
+            .iter()
+            .all(|(name, _, _)| facts.controls_columns.iter().any(|c| c == name))
+        && facts.has_schedules_table
+        && facts.has_partition_starts_table
+        && facts.has_claim_starts_table
+        && facts.has_grants_table
+}
+
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TableFacts {

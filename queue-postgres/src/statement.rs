@@ -815,7 +815,8 @@ pub(crate) struct Grant {
 }
 
 /// `grant.sql`, in the transaction of [`lock_queue`], after it: a grant of `claims` claims of
-/// `request`'s batch, living `life`, returning `previous`; `None` when none is granted.
+/// `request`'s batch, living `life`, deleting the holder's `spent` grants; `None` when none is
+/// granted.
 pub(crate) async fn grant<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
@@ -823,7 +824,7 @@ pub(crate) async fn grant<D: Driver>(
     request: &ClaimRequest,
     claims: u32,
     life: Duration,
-    previous: Option<i64>,
+    spent: &Vec<i64>,
 ) -> Result<Option<Grant>, PgError> {
     let life_ms = i64::try_from(life.as_millis()).unwrap_or(i64::MAX);
     let params = (
@@ -832,7 +833,7 @@ pub(crate) async fn grant<D: Driver>(
         i64::from(request.batch_size.max(1)),
         i64::from(claims.max(1)),
         life_ms,
-        previous,
+        spent,
     );
     let rows = D::query(conn, &sql.grant, &params).await?;
     rows.first()

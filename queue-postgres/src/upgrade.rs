@@ -224,9 +224,7 @@ impl LegacyUpgrade {
         for (version, _, template) in sql::TABLE_MIGRATIONS {
             if version >= sql::UPGRADE_COLUMNS_RENDER_FROM {
                 let migration = self.render(template, &[])?;
-                text.push_str(";
-
-");
+                text.push_str(";\n\n");
                 text.push_str(migration.trim_end_matches(';'));
             }
         }
@@ -516,11 +514,12 @@ async fn add_columns<D: Driver>(
         statement::table_facts::<D>(D::pooled(&mut conn), &upgrade.table).await?
     };
     preflight(&upgrade.table, &facts)?;
-    // Skipped when every column is there: even a no-op ALTER takes ACCESS EXCLUSIVE.
+    // Skipped when every column and companion table is there: even a no-op ALTER takes
+    // ACCESS EXCLUSIVE. A table upgraded by an earlier release gets the later migrations'.
     let missing = sql::COLUMNS
         .iter()
         .any(|(name, _)| !facts.columns.iter().any(|(have, _)| have == name));
-    if !missing && facts.has_controls_table {
+    if !missing && crate::schema::companions_complete(&facts) {
         return Ok(());
     }
     with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;

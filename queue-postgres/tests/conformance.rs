@@ -47,8 +47,48 @@ impl<D: TestDriver> Harness for Pg<D> {
     }
 }
 
+/// [`Pg`] with the queue's room grants switched on (docs/operations.md, "Room grants"): the
+/// limits' and partitions' topics hold whether claims take grants (where a quarter of the room
+/// is a batch or more) or claim under the lock beside them.
+struct PgGranting<D: TestDriver>(Pg<D>);
+
+impl<D: TestDriver> Harness for PgGranting<D> {
+    type Backend = PostgresQueue<D>;
+
+    async fn setup() -> Self {
+        let pg = Pg::<D>::setup().await;
+        assert!(pg.queue.set_room_grants(true).await.unwrap());
+        PgGranting(pg)
+    }
+
+    fn backend(&self) -> &PostgresQueue<D> {
+        self.0.backend()
+    }
+
+    async fn advance_clock(&self, by: Duration) {
+        self.0.advance_clock(by).await;
+    }
+
+    async fn insert_legacy_in_flight(&self, payload: Value) -> JobId {
+        self.0.insert_legacy_in_flight(payload).await
+    }
+
+    fn other_queue(&self, queue: queue_core::QueueName) -> PostgresQueue<D> {
+        self.0.other_queue(queue)
+    }
+
+    async fn teardown(&self) {
+        self.0.teardown().await;
+    }
+}
+
 mod sqlx_driver {
     queue_core::conformance_suite!(super::Pg<queue_postgres::Sqlx>);
+}
+
+mod sqlx_granting {
+    queue_core::__conformance_limits!(super::PgGranting<queue_postgres::Sqlx>);
+    queue_core::__conformance_partitions!(super::PgGranting<queue_postgres::Sqlx>);
 }
 
 #[cfg(feature = "tokio-postgres")]

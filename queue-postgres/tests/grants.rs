@@ -62,7 +62,7 @@ async fn ask_grant(db: &TestDb, batch: i64, previous: Option<i64>) -> Option<Gra
         .bind(batch)
         .bind(8_i64)
         .bind(2000_i64)
-        .bind(previous)
+        .bind(previous.into_iter().collect::<Vec<i64>>())
         .fetch_optional(&mut *tx)
         .await
         .unwrap();

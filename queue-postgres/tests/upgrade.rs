@@ -205,6 +205,60 @@ async fn the_upgraded_table_has_the_schema_of_a_table_created_new<D: TestDriver>
     db.drop_db().await;
 }
 
+/// A table the legacy upgrade of an earlier release brought to the lease schema, before room
+/// grants (table migration 20261212000001): the schema check names that migration, and running
+/// the upgrade again adds its objects (the columns phase is not skipped while a companion is
+/// missing), after which the grants' trigger works on the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
+    type D = queue_postgres::Sqlx;
+    let db = legacy_db("").await;
+    let pool = support::pool::<D>(&db, 2);
+    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "DROP TABLE invoice_jobs_grants;
+         DROP TRIGGER invoice_jobs_grants_reset ON invoice_jobs_queues;
+         DROP TRIGGER invoice_jobs_grants_gone ON invoice_jobs_queues;
+         DROP FUNCTION invoice_jobs_grants_reset();
+         ALTER TABLE invoice_jobs_queues DROP COLUMN room_grants;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = PostgresQueue::<D>::check_schema(&pool, &table())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("20261212000001"), "{err}");
+    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    PostgresQueue::<D>::check_schema(&pool, &table())
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO invoice_jobs_queues (queue, max_in_flight, room_grants)
+             VALUES ('invoices', 10, true);
+         INSERT INTO invoice_jobs_grants (queue, jobs_left, claims_left, per_claim, expires_at)
+             VALUES ('invoices', 2, 8, 1, now() + interval '1 second');
+         UPDATE invoice_jobs_queues SET max_in_flight = 5;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let grants: i64 = sqlx::query_scalar("SELECT count(*) FROM invoice_jobs_grants")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        grants, 0,
+        "the trigger deleted the grant when the limit changed"
+    );
+    db.drop_db().await;
+}
+
 /// The backend process of a transaction that holds `ACCESS SHARE` on the table (a long read),
 /// which the `ALTER` must wait for.
 async fn hold_the_table(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {

@@ -470,6 +470,18 @@ async fn queue_command(
             )?;
             Ok(Exit::Done)
         }
+        QueueCommand::Grants { switch } => {
+            let on = queue
+                .set_room_grants(*switch == crate::cli::Switch::On)
+                .await?;
+            let json = serde_json::json!({
+                "queue": cli.queue.as_str(),
+                "room_grants": on,
+            });
+            let word = if on { "on" } else { "off" };
+            out.done(&format!("queue {}: room grants {word}", cli.queue), &json)?;
+            Ok(Exit::Done)
+        }
         QueueCommand::Drain { timeout } => {
             let bar = spinner("waiting for running jobs", cli.json);
             let report = drain(&queue, *timeout, Duration::from_millis(500)).await?;

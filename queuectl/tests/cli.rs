@@ -326,6 +326,48 @@ async fn purge_pause_resume_and_drain() {
 
 /// Limits set by queuectl hold for a worker's handle in another process at once, show in
 /// `status` (text and JSON), and go when set without values; bad values change nothing.
+/// `queue grants on|off` switches the queue's room grants, as another process's handle sees
+/// them: on, a handle of the queue claims on a grant (a row of `queue_jobs_grants`); off, the
+/// grant is deleted and the handle claims under the queue's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_grants_switches_room_grants() {
+    let db = ScratchDb::new().await;
+    let queue = db.queue().await;
+    for n in 0..20 {
+        queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
+    }
+    json_of(&db, &["queue", "limit", "--max-in-flight", "400"], 0);
+    let on = json_of(&db, &["queue", "grants", "on"], 0);
+    assert_eq!(on, json!({ "queue": "default", "room_grants": true }));
+    assert!(queue.room_grants().await.unwrap());
+    let grants = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM queue_jobs_grants")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let claimed = queue
+        .claim(ClaimRequest::new(2, Lease::DEFAULT))
+        .await
+        .unwrap();
+    assert_eq!(claimed.jobs.len(), 2);
+    assert_eq!(grants().await, 1, "the handle claimed on a grant");
+    let said = ctl(&db).args(["queue", "grants", "off"]).output().unwrap();
+    assert_eq!(said.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(said.stdout).unwrap(),
+        "queue default: room grants off\n"
+    );
+    assert_eq!(grants().await, 0, "switched off, the grants are deleted");
+    assert!(!queue.room_grants().await.unwrap());
+    let bad = ctl(&db)
+        .args(["queue", "grants", "maybe"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_limit_sets_shows_and_clears_the_limits() {
     let db = ScratchDb::new().await;

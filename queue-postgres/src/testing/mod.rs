@@ -216,7 +216,7 @@ pub fn claim_granted_sql(table: &TableName) -> String {
 
 /// The statements that grant room to a queue handle, rendered for `table`: the lock of the
 /// queue's row (`$1` queue) and, after it in the same transaction, the grant (`$1` queue, `$2`
-/// holder, `$3` batch, `$4` claims, `$5` life in milliseconds, `$6` the grant to return).
+/// holder, `$3` batch, `$4` claims, `$5` life in milliseconds, `$6` the grants to return, an array).
 pub fn grant_sql(table: &TableName) -> [String; 2] {
     let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
     [sql.lock_queue.to_string(), sql.grant.to_string()]
