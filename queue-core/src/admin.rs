@@ -146,6 +146,10 @@ pub struct QueueControl {
     pub last_stale_at: Option<DateTime<Utc>>,
     /// The limits in force on the queue's claims ([`Admin::set_limits`]).
     pub limits: QueueLimits,
+    /// Whether the operator switched room grants on for the queue (PostgreSQL's
+    /// `PostgresQueue::set_room_grants`: handles then claim on room granted for several claims
+    /// while the limits are in flight only). Always `false` on a backend without them.
+    pub room_grants: bool,
 }
 
 /// Limits on a queue's claims across every worker process of every binary, stored with the

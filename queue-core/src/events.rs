@@ -99,6 +99,8 @@ pub const RETENTION_FAILED: &str = "queue.retention_failed";
 pub const SCHEDULES_UNRECORDED: &str = "queue.schedules_unrecorded";
 /// An operator set a queue's limits (info).
 pub const QUEUE_LIMITS_SET: &str = "queue.queue_limits_set";
+/// An operator switched a queue's room grants on or off (info; PostgreSQL).
+pub const ROOM_GRANTS_SET: &str = "queue.room_grants_set";
 /// Terminal jobs purged by an operator (info).
 pub const JOBS_PURGED: &str = "queue.jobs_purged";
 
@@ -351,6 +353,11 @@ pub fn queue_limits_set(queue: &QueueName, limits: &crate::admin::QueueLimits) {
         partition_rate_per_ms = limits.rate_per_partition.map(|r| r.per().as_millis() as u64),
         "{QUEUE_LIMITS_SET}"
     );
+}
+
+/// Logs [`ROOM_GRANTS_SET`] (a backend's switch of room grants, PostgreSQL's).
+pub fn room_grants_set(queue: &QueueName, on: bool) {
+    tracing::info!(name: ROOM_GRANTS_SET, queue = %queue, on, "{ROOM_GRANTS_SET}");
 }
 
 /// Jobs purged, for backends to emit after each batch.

@@ -92,6 +92,7 @@ impl State {
             stale_fences: stale.map_or(0, |(n, _)| *n),
             last_stale_at: stale.map(|(_, at)| *at),
             limits: self.limits.get(queue).copied().unwrap_or_default(),
+            room_grants: false,
         }
     }
 

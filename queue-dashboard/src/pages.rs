@@ -296,7 +296,10 @@ async fn queue_card<B: Admin, P>(
                 @if control.is_paused() { " " span.paused { "paused" } }
             }
             @if !control.limits.is_none() {
-                p.muted data-limits=(control.limits.to_string()) { "Limits: " (control.limits.to_string()) }
+                p.muted data-limits=(control.limits.to_string()) {
+                    "Limits: " (control.limits.to_string())
+                    @if control.room_grants { " (room grants on)" }
+                }
             }
             @if !schedules.is_empty() {
                 p.muted data-schedules=(schedules.len()) {

@@ -7,4 +7,4 @@ VALUES ($1, CASE WHEN $2 THEN now() END)
 ON CONFLICT (queue) DO UPDATE
 SET paused_at = CASE WHEN $2 THEN coalesce(c.paused_at, now()) END, updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
-          partition_rate_starts, partition_rate_per_ms
+          partition_rate_starts, partition_rate_per_ms, room_grants

@@ -73,4 +73,4 @@ SET claims = c.claims
                          ELSE c.counted_slots END,
     updated_at = now()
 RETURNING paused_at, stale_fences, last_stale_at, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
-          partition_rate_starts, partition_rate_per_ms
+          partition_rate_starts, partition_rate_per_ms, room_grants

@@ -400,6 +400,7 @@ impl<D: Driver> PostgresQueue<D> {
         .await?;
         // This handle's next claim reads the switch again.
         inner.limits_seen.lock().expect("limits lock").at = None;
+        queue_core::events::room_grants_set(&inner.config.queue, on);
         Ok(on)
     }
 
@@ -407,10 +408,9 @@ impl<D: Driver> PostgresQueue<D> {
     pub async fn room_grants(&self) -> Result<bool, PgError> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        let (_, on) =
-            statement::control_granting::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue)
-                .await?;
-        Ok(on)
+        let control =
+            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
+        Ok(control.room_grants)
     }
 
     /// Runs a statement of your own on the pool and returns its rows: the same code for every
@@ -455,9 +455,9 @@ impl<D: Driver> PostgresQueue<D> {
         }
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        let (control, switch) =
-            statement::control_granting::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue)
-                .await?;
+        let control =
+            statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
+        let switch = control.room_grants;
         let limits = &control.limits;
         self.saw_limits(limits);
         let granting = switch

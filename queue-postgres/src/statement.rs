@@ -632,6 +632,7 @@ fn queue_control<D: Driver>(row: &D::Row) -> Result<QueueControl, PgError> {
         stale_fences: get::<D, i64>(row, "stale_fences")?.max(0) as u64,
         last_stale_at: get::<D, _>(row, "last_stale_at")?,
         limits: queue_limits::<D>(row)?,
+        room_grants: get::<D, bool>(row, "room_grants")?,
     })
 }
 
@@ -908,22 +909,6 @@ pub(crate) async fn set_room_grants<D: Driver>(
     match rows.first() {
         Some(row) => get::<D, bool>(row, "room_grants"),
         None => Ok(on),
-    }
-}
-
-/// [`control`] and whether the queue's switch of room grants is on (`false` without a row).
-pub(crate) async fn control_granting<D: Driver>(
-    conn: D::Conn<'_>,
-    sql: &Sql,
-    queue: &QueueName,
-) -> Result<(QueueControl, bool), PgError> {
-    let rows = D::query(conn, &sql.queue_control, &(queue.as_str(),)).await?;
-    match rows.first() {
-        Some(row) => Ok((
-            queue_control::<D>(row)?,
-            get::<D, bool>(row, "room_grants")?,
-        )),
-        None => Ok((QueueControl::default(), false)),
     }
 }
 

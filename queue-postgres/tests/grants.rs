@@ -31,6 +31,12 @@ async fn granting<D: TestDriver>(
     queue
 }
 
+/// At most forty jobs in flight: a grant of eight claims of five takes ten (a quarter).
+const FORTY_IN_FLIGHT: QueueLimits = QueueLimits {
+    max_in_flight: Some(40),
+    ..QueueLimits::NONE
+};
+
 fn plain_jobs(n: usize) -> Vec<NewJob> {
     (0..n)
         .map(|n| NewJob::from_value(json!({ "n": n })))
@@ -145,11 +151,7 @@ async fn claims_counter(db: &TestDb) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_counts_the_jobs_granted() {
     let db = TestDb::new().await;
-    let limits = QueueLimits {
-        max_in_flight: Some(40),
-        ..QueueLimits::NONE
-    };
-    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
     let before = claims_counter(&db).await;
     let (grant, jobs_left, claims_left, _) = ask_grant(&db, 5, None).await.expect("a grant");
     assert_eq!((jobs_left, claims_left), (10, 8));
@@ -228,11 +230,7 @@ async fn the_lock_counts_the_room_granted_per_partition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_claims_spend_a_grants_last_room_once() {
     let db = TestDb::new().await;
-    let limits = QueueLimits {
-        max_in_flight: Some(40),
-        ..QueueLimits::NONE
-    };
-    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
     let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
     sqlx::query("UPDATE queue_jobs_grants SET jobs_left = 5 WHERE grant_id = $1")
         .bind(grant)
@@ -259,11 +257,7 @@ async fn two_claims_spend_a_grants_last_room_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_grant_is_refused_and_its_room_comes_back() {
     let db = TestDb::new().await;
-    let limits = QueueLimits {
-        max_in_flight: Some(40),
-        ..QueueLimits::NONE
-    };
-    granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
     let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
     // The grant's expiry passes (the database's clock, moved for its row).
     sqlx::query("UPDATE queue_jobs_grants SET expires_at = now() - interval '1 second'")
@@ -300,11 +294,7 @@ async fn an_expired_grant_is_refused_and_its_room_comes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_the_limits_deletes_the_grants() {
     let db = TestDb::new().await;
-    let limits = QueueLimits {
-        max_in_flight: Some(40),
-        ..QueueLimits::NONE
-    };
-    let queue = granting::<Sqlx>(&db, limits, plain_jobs(60)).await;
+    let queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
     let mut conn = db.pool.acquire().await.unwrap();
 
     let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
@@ -318,7 +308,7 @@ async fn a_change_of_the_limits_deletes_the_grants() {
     assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 3);
 
     // An older release's write of the limits, by hand here: the trigger deletes the grants.
-    queue.set_limits(limits).await.unwrap();
+    queue.set_limits(FORTY_IN_FLIGHT).await.unwrap();
     let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
     sqlx::query("UPDATE queue_jobs_queues SET max_in_flight = 4 WHERE queue = 'default'")
         .execute(&db.pool)
@@ -328,9 +318,9 @@ async fn a_change_of_the_limits_deletes_the_grants() {
     assert_refused(claim_on(&mut conn, grant, 5).await);
 
     // The limits written as they were delete nothing; the switch turned off deletes them too.
-    queue.set_limits(limits).await.unwrap();
+    queue.set_limits(FORTY_IN_FLIGHT).await.unwrap();
     ask_grant(&db, 5, None).await.expect("a grant");
-    queue.set_limits(limits).await.unwrap();
+    queue.set_limits(FORTY_IN_FLIGHT).await.unwrap();
     assert_eq!(grants(&db).await, 1, "limits set as they were");
     assert!(!queue.set_room_grants(false).await.unwrap());
     assert_eq!(grants(&db).await, 0);

@@ -798,6 +798,7 @@ fn control_of(row: Option<&SqliteRow>) -> Result<QueueControl, SqliteError> {
         stale_fences: row.try_get::<i64, _>("stale_fences").map_err(db)?.max(0) as u64,
         last_stale_at: optional_instant(-1, row.try_get("last_stale_at").map_err(db)?)?,
         limits: queue_limits(row)?,
+        room_grants: false,
     })
 }
 

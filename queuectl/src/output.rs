@@ -88,6 +88,7 @@ pub(crate) fn control_json(queue: &QueueName, control: &QueueControl) -> Value {
         "paused": control.is_paused(),
         "paused_at": control.paused_at,
         "limits": limits_json(&control.limits),
+        "room_grants": control.room_grants,
     })
 }
 
@@ -211,10 +212,10 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
                 Some(at) => format!("{} (last {})", control.stale_fences, at.format("%H:%M:%S")),
                 None => "0".to_owned(),
             },
-            if control.limits.is_none() {
-                "-".to_owned()
-            } else {
-                control.limits.to_string()
+            match (control.limits.is_none(), control.room_grants) {
+                (true, _) => "-".to_owned(),
+                (false, false) => control.limits.to_string(),
+                (false, true) => format!("{} (room grants on)", control.limits),
             },
         ]);
         documents.push(json!({
@@ -231,6 +232,7 @@ pub(crate) async fn status(out: &Out, queue: &PgQueue, window: Duration) -> Resu
             "stale_fences": control.stale_fences,
             "last_stale_at": control.last_stale_at,
             "limits": limits_json(&control.limits),
+            "room_grants": control.room_grants,
             "schedules": schedules.len(),
             "schedules_stale": stale,
             "finished_last_hour": {

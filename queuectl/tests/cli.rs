@@ -340,6 +340,14 @@ async fn queue_grants_switches_room_grants() {
     let on = json_of(&db, &["queue", "grants", "on"], 0);
     assert_eq!(on, json!({ "queue": "default", "room_grants": true }));
     assert!(queue.room_grants().await.unwrap());
+    let status = json_of(&db, &["status"], 0);
+    assert_eq!(status["queues"][0]["room_grants"], true);
+    let text = ctl(&db).arg("status").output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("at most 400 in flight (room grants on)"),
+        "{text}"
+    );
     let grants = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM queue_jobs_grants")
             .fetch_one(&db.pool)

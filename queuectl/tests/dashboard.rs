@@ -277,6 +277,8 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     };
     let mail = Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap());
     mail.set_limits(mail_limits).await.unwrap();
+    // Shown with the limits (a queue with a rate gets no grant: nothing else changes).
+    assert!(mail.set_room_grants(true).await.unwrap());
     // Two schedules of mail: one reported just now, one no scheduler reported for a day.
     let now = chrono::Utc::now();
     let schedule = |name: &str, spec: &str| ScheduleReport {
@@ -309,7 +311,7 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     assert_eq!(
         text(&client, "section[data-queue='mail'] p[data-limits]").await,
         "Limits: at most 4 in flight, 100 starts per 60s, at most 1 in flight per partition, \
-         10 starts per 1s per partition"
+         10 starts per 1s per partition (room grants on)"
     );
     let stats = queue.stats(Duration::from_secs(60)).await.unwrap();
     let card = "section[data-queue='default']";
