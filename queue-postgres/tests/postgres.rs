@@ -2510,6 +2510,95 @@ fn worker_processes_on_grants_never_exceed_the_partition_limit() {
     assert!(grants > 0, "no grant was made");
 }
 
+/// A worker process that holds room granted to it is killed (SIGKILL: nothing returns its
+/// grant). Its grant still counts against the limit, expired or not, until a grant statement
+/// of another handle deletes it once it expired (its expiry passed here by the database's
+/// clock moved for its row, not by waiting); then only the new grant counts.
+#[test]
+fn a_killed_workers_grant_comes_back() {
+    use queue_core::Admin;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let db = runtime.block_on(TestDb::new());
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(60),
+        ..queue_core::QueueLimits::NONE
+    };
+    let queue = runtime.block_on(async {
+        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        queue
+            .enqueue_many(
+                (0..100)
+                    .map(|n| NewJob::from_value(json!({ "n": n })))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        queue.set_limits(limits).await.unwrap();
+        assert!(queue.set_room_grants(true).await.unwrap());
+        queue
+    });
+    // Four slots, claims of five, each job held until the end of the test.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "limited_worker_process", "--ignored"])
+        .args(["--nocapture", "--test-threads", "1"])
+        .env("QUEUE_LIMITED_DB", support::url(&db))
+        .env("QUEUE_LIMITED_WORKER", "4 5 0 1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("the test binary runs a child of itself");
+    let count = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let childs: Vec<i64> = runtime.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while count("SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'").await < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never claimed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sqlx::query_scalar("SELECT grant_id FROM queue_jobs_grants")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+    });
+    assert_eq!(childs.len(), 1, "the child claimed on a grant");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    runtime.block_on(async {
+        // A quarter of 60 for eight claims of five: 15, four of them spent.
+        let left = count("SELECT sum(jobs_left)::bigint FROM queue_jobs_grants").await;
+        assert_eq!(left, 11);
+        sqlx::query("UPDATE queue_jobs_grants SET expires_at = now() - interval '1 second'")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        // This handle's claim asks for a grant: the statement counts the expired one once more
+        // ((60 - 4 - 11) / 4 = 11) and deletes it.
+        assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 5);
+        let grants: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT grant_id, jobs_left FROM queue_jobs_grants")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(grants.len(), 1, "{grants:?}");
+        assert!(
+            !childs.contains(&grants[0].0),
+            "the killed worker's grant is gone"
+        );
+        assert_eq!(grants[0].1, 11 - 5);
+        db.drop_db().await;
+    });
+}
+
 /// Three worker processes of eight slots each on a queue of six partitions (twenty jobs each)
 /// and ten jobs without one, limited to two jobs in flight per partition: sampled from the
 /// database while they run, no partition ever has more than two in flight, the limit binds,
