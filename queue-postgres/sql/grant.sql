@@ -5,11 +5,14 @@
 -- row before.
 --
 -- Parameters: $1 queue; $2 the holder's name (NULL for none); $3 the batch its claims ask for;
--- $4 how many claims; $5 the grant's life in milliseconds (the database's clock); $6 the
+-- $4 how many claims at most; $5 the grant's life in milliseconds (the database's clock); $6 the
 -- holder's grants spent to their end, returned here (deleted; empty for none). Returns the grant, or no
 -- row when none is granted: the queue's switch is off, it has a rate or no limit in flight
 -- (the grants leave the rates to claim_ahead.sql), it is paused, or the room its limits leave
 -- is too short for a batch. Then claim under the lock.
+--
+-- The claims: $4, or fewer under max_per_partition when its share of the room is short of one
+-- job of a partition for each of $4 (so that a queue with a low limit still gets grants).
 --
 -- The room: F, the queue's jobs in flight, and J, the jobs_left of every grant (expired or
 -- not: a grant counts until its row is deleted); M, the most jobs in flight of one partition,
@@ -54,17 +57,28 @@ counts AS MATERIALIZED (
                      GROUP BY j.partition_key) AS k) END AS most
     FROM control AS c
 ),
+claims AS MATERIALIZED (
+    -- $4 claims, fewer when the share of max_per_partition's room is short of one job of a
+    -- partition for each (a claim of one job a partition each, then).
+    SELECT CASE WHEN c.max_per_partition IS NULL THEN $4::bigint
+                ELSE GREATEST(1, LEAST($4::bigint,
+                                       (c.max_per_partition - n.most - g.partition_room)
+                                       / {{grant_share}}))
+           END AS k
+    FROM control AS c, counts AS n, granted AS g
+),
 sized AS MATERIALIZED (
-    SELECT CASE WHEN c.max_in_flight IS NULL THEN $4::bigint * $3::bigint
-                ELSE LEAST($4::bigint * $3::bigint,
+    SELECT CASE WHEN c.max_in_flight IS NULL THEN k.k * $3::bigint
+                ELSE LEAST(k.k * $3::bigint,
                            (c.max_in_flight - n.in_flight - g.jobs) / {{grant_share}})
            END AS jobs,
+           k.k AS claims,
            CASE WHEN c.max_per_partition IS NULL THEN LEAST($3::bigint, 2147483647)
                 ELSE LEAST($3::bigint,
                            (c.max_per_partition - n.most - g.partition_room)
-                           / ({{grant_share}} * $4::bigint))
+                           / ({{grant_share}} * k.k))
            END AS per_claim
-    FROM control AS c, counts AS n, granted AS g
+    FROM control AS c, counts AS n, granted AS g, claims AS k
 ),
 swept AS (
     DELETE FROM "{{table}}_grants" AS g
@@ -74,7 +88,7 @@ swept AS (
 ),
 inserted AS (
     INSERT INTO "{{table}}_grants" (queue, holder, jobs_left, claims_left, per_claim, expires_at)
-    SELECT $1, $2, s.jobs, $4::integer, s.per_claim,
+    SELECT $1, $2, s.jobs, s.claims::integer, s.per_claim,
            clock_timestamp() + make_interval(secs => $5::bigint / 1000.0)
     FROM sized AS s
     WHERE s.jobs >= $3::bigint AND s.per_claim >= 1

@@ -429,43 +429,54 @@ async fn no_claim_ahead_beside_grants() {
 
 /// Through a queue handle, on either driver: with the switch on its claims take a grant and
 /// spend it (the claims counter moves once for the grant, not once a claim), each claim
-/// within the grant's share per partition; a claim that finds nothing due returns the grant.
+/// within the grant's share per partition (under `max_per_partition = 1000`, 1000 / (4 * 32):
+/// seven of one partition a claim); a claim that finds nothing due returns the grant.
 async fn a_handle_claims_on_grants<D: TestDriver>() {
     let db = TestDb::new().await;
     let limits = QueueLimits {
         max_per_partition: Some(1000),
         ..QueueLimits::NONE
     };
-    let mut jobs = partitioned_jobs(30, "a");
-    jobs.extend(partitioned_jobs(30, "b"));
-    let queue = granting::<D>(&db, limits, jobs).await;
-    let before = claims_counter(&db).await;
-    let mut taken = 0;
-    for _ in 0..4 {
-        let batch = queue.claim(req(10)).await.unwrap().jobs;
-        assert_eq!(batch.len(), 10);
-        taken += batch.len();
+    let queue = support::connect_default::<D>(&db).await;
+    // Two partitions due in turns, then one of thirty.
+    let mut jobs: Vec<NewJob> = (0..20)
+        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key(["a", "b"][n % 2]))
+        .collect();
+    jobs.extend(partitioned_jobs(30, "c"));
+    for job in jobs {
+        queue.enqueue(job).await.unwrap();
     }
-    assert_eq!(
-        claims_counter(&db).await,
-        before + 1,
-        "one grant, four claims"
-    );
-    let left: (i64, i32) = sqlx::query_as(
-        "SELECT jobs_left, claims_left FROM queue_jobs_grants WHERE queue = 'default'",
+    queue.set_limits(limits).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    let before = claims_counter(&db).await;
+    for _ in 0..2 {
+        assert_eq!(queue.claim(req(10)).await.unwrap().jobs.len(), 10);
+    }
+    let grant: (i64, i32, i32) = sqlx::query_as(
+        "SELECT jobs_left, claims_left, per_claim FROM queue_jobs_grants WHERE queue = 'default'",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(left, (80 - 40, 4));
-    while taken < 60 {
+    assert_eq!(grant, (320 - 20, 30, 7), "a grant of 32 claims of ten");
+    for _ in 0..4 {
+        let batch = queue.claim(req(10)).await.unwrap().jobs;
+        assert_eq!(batch.len(), 7, "the grant's share of partition c");
+    }
+    assert_eq!(
+        claims_counter(&db).await,
+        before + 1,
+        "one grant, six claims"
+    );
+    let mut taken = 48;
+    while taken < 50 {
         let n = queue.claim(req(10)).await.unwrap().jobs.len();
         assert!(n > 0);
         taken += n;
     }
     assert!(queue.claim(req(10)).await.unwrap().jobs.is_empty());
     assert_eq!(grants(&db).await, 0, "the idle handle returned its grant");
-    assert_eq!(in_flight(&db).await, 60);
+    assert_eq!(in_flight(&db).await, 50);
     db.drop_db().await;
 }
 

@@ -2454,7 +2454,7 @@ const GRANTS_MADE: &str = "SELECT COALESCE(pg_sequence_last_value(
 
 /// Six worker processes of twenty-four slots each, claiming at most five jobs at a time (each
 /// job 50 ms of work), on a queue limited to forty jobs in flight whose room grants are on:
-/// far from the limit the handles claim on grants (a quarter of the room left each, for eight
+/// far from the limit the handles claim on grants (a quarter of the room left each, for 32
 /// claims) without the queue's row, near it under the lock, which counts the room granted.
 /// Sampled from the database while they run, never more than forty are in flight, the limit
 /// binds, grants were made, and every job completes.
@@ -2574,7 +2574,7 @@ fn a_killed_workers_grant_comes_back() {
     child.kill().unwrap();
     child.wait().unwrap();
     runtime.block_on(async {
-        // A quarter of 60 for eight claims of five: 15, four of them spent.
+        // A quarter of 60 for claims of five: 15, four of them spent.
         let left = count("SELECT sum(jobs_left)::bigint FROM queue_jobs_grants").await;
         assert_eq!(left, 11);
         sqlx::query("UPDATE queue_jobs_grants SET expires_at = now() - interval '1 second'")
