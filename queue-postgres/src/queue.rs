@@ -80,7 +80,8 @@ const GRANT_PAUSE: Duration = Duration::from_millis(250);
 /// handle last went without one.
 #[derive(Debug, Default)]
 struct GrantState {
-    idle: Vec<statement::Grant>,
+    /// Grant ids.
+    idle: Vec<i64>,
     spent: Vec<i64>,
     without_at: Option<std::time::Instant>,
     /// The largest batch a claim of the handle asked for: grants are sized for claims of it
@@ -463,27 +464,28 @@ impl<D: Driver> PostgresQueue<D> {
         let mut conn = D::acquire(&inner.pool).await?;
         let control =
             statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
-        let switch = control.room_grants;
         let limits = &control.limits;
-        self.saw_limits(limits);
-        let granting = switch
+        // As the statements' GRANTING reads the queue's row (sql.rs).
+        let granting = control.room_grants
             && limits.rate.is_none()
             && limits.rate_per_partition.is_none()
             && (limits.max_in_flight.is_some() || limits.max_per_partition.is_some());
-        self.inner.limits_seen.lock().expect("limits lock").granting = granting;
+        self.saw_limits(limits, Some(granting));
         if !granting {
             self.drop_grants().await?;
         }
         Ok(!limits.is_none())
     }
 
-    fn saw_limits(&self, limits: &QueueLimits) {
+    /// Records `limits` as this handle's latest read of them, and whether the queue grants
+    /// room when the read says (`None`: as last seen).
+    fn saw_limits(&self, limits: &QueueLimits, granting: Option<bool>) {
         let mut seen = self.inner.limits_seen.lock().expect("limits lock");
         *seen = LimitsSeen {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
-            granting: seen.granting,
+            granting: granting.unwrap_or(seen.granting),
         };
     }
 
@@ -498,8 +500,7 @@ impl<D: Driver> PostgresQueue<D> {
         let returned: Vec<i64> = {
             let mut state = self.inner.grants.lock().expect("grants lock");
             let idle = std::mem::take(&mut state.idle);
-            idle.iter()
-                .map(|g| g.id)
+            idle.into_iter()
                 .chain(std::mem::take(&mut state.spent))
                 .collect()
         };
@@ -529,10 +530,7 @@ impl<D: Driver> PostgresQueue<D> {
     /// A grant for one claim to spend: one no other claim of the handle is spending, or a new
     /// one (`grant.sql`, after the queue's row lock, deleting the grants the handle spent);
     /// `None` when the handle goes without ([`GRANT_PAUSE`] after the queue last gave none).
-    async fn take_grant(
-        &self,
-        request: &ClaimRequest,
-    ) -> Result<Option<statement::Grant>, PgError> {
+    async fn take_grant(&self, request: &ClaimRequest) -> Result<Option<i64>, PgError> {
         let now = std::time::Instant::now;
         let (spent, sized) = {
             let mut state = self.inner.grants.lock().expect("grants lock");
@@ -601,7 +599,7 @@ impl<D: Driver> PostgresQueue<D> {
                     &inner.sql,
                     queue,
                     request,
-                    grant.id,
+                    grant,
                 )
                 .await
             }
@@ -610,12 +608,7 @@ impl<D: Driver> PostgresQueue<D> {
                 Ok(claim) => claim,
                 Err(err) => {
                     // The claim may or may not have spent it: the grant statement deletes it.
-                    inner
-                        .grants
-                        .lock()
-                        .expect("grants lock")
-                        .spent
-                        .push(grant.id);
+                    inner.grants.lock().expect("grants lock").spent.push(grant);
                     return Err(err);
                 }
             };
@@ -630,14 +623,9 @@ impl<D: Driver> PostgresQueue<D> {
                         });
                     if !spent {
                         inner.grants.lock().expect("grants lock").idle.push(grant);
-                    } else if self.return_grant(grant.id).await.is_err() {
+                    } else if self.return_grant(grant).await.is_err() {
                         // The claim stands; the next grant statement deletes the grant.
-                        inner
-                            .grants
-                            .lock()
-                            .expect("grants lock")
-                            .spent
-                            .push(grant.id);
+                        inner.grants.lock().expect("grants lock").spent.push(grant);
                     }
                     if idle {
                         inner.grants.lock().expect("grants lock").without_at =
@@ -805,7 +793,7 @@ impl<D: Driver> PostgresQueue<D> {
             form = LimitedForm::Turns;
         }
         D::commit(tx).await?;
-        self.saw_limits(&limits);
+        self.saw_limits(&limits, None);
         Ok(ClaimBatch { jobs })
     }
 
@@ -1261,7 +1249,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         let control =
             statement::set_limits::<D>(D::in_tx(&mut tx), &inner.sql, queue, &limits).await?;
         D::commit(tx).await?;
-        self.saw_limits(&control.limits);
+        self.saw_limits(&control.limits, None);
         queue_core::events::queue_limits_set(queue, &limits);
         Ok(control)
     }

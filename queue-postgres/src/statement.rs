@@ -805,19 +805,9 @@ fn is_refusal(err: &PgError, text: &str) -> bool {
             .is_some_and(|message| message.contains(text))
 }
 
-/// Room granted to a queue handle (`grant.sql`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    pub(crate) id: i64,
-    /// Jobs its claims may still put in flight.
-    pub(crate) jobs_left: i64,
-    /// Claims it may still make.
-    pub(crate) claims_left: i32,
-}
-
 /// `grant.sql`, in the transaction of [`lock_queue`], after it: a grant of `claims` claims of
-/// `request`'s batch, living `life`, deleting the holder's `spent` grants; `None` when none is
-/// granted.
+/// `request`'s batch, living `life`, deleting the holder's `spent` grants: its `grant_id`, or
+/// `None` when none is granted.
 pub(crate) async fn grant<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
@@ -826,7 +816,7 @@ pub(crate) async fn grant<D: Driver>(
     claims: u32,
     life: Duration,
     spent: &Vec<i64>,
-) -> Result<Option<Grant>, PgError> {
+) -> Result<Option<i64>, PgError> {
     let life_ms = i64::try_from(life.as_millis()).unwrap_or(i64::MAX);
     let params = (
         queue.as_str(),
@@ -838,13 +828,7 @@ pub(crate) async fn grant<D: Driver>(
     );
     let rows = D::query(conn, &sql.grant, &params).await?;
     rows.first()
-        .map(|row| {
-            Ok(Grant {
-                id: get::<D, i64>(row, "grant_id")?,
-                jobs_left: get::<D, i64>(row, "jobs_left")?,
-                claims_left: get::<D, i32>(row, "claims_left")?,
-            })
-        })
+        .map(|row| get::<D, i64>(row, "grant_id"))
         .transpose()
 }
 

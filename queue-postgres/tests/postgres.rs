@@ -2364,6 +2364,15 @@ async fn scheduler_process() {
     scheduler.shutdown().await;
 }
 
+/// The queue's jobs in flight, sampled by the worker-process tests of limits.
+const IN_FLIGHT: &str = "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'";
+
+/// The most jobs in flight of any one partition, sampled by the worker-process tests of limits.
+const MOST_IN_FLIGHT_OF_A_PARTITION: &str = "SELECT COALESCE(max(n), 0) FROM (
+     SELECT count(*) AS n FROM queue_jobs
+     WHERE status = 'in_flight' AND partition_key IS NOT NULL
+     GROUP BY partition_key) AS per_partition";
+
 /// Three worker processes of eight slots each on a queue limited to three jobs in flight:
 /// sampled from the database while they run, never more than three are in flight, the limit
 /// is reached (it binds), and every job completes.
@@ -2374,13 +2383,7 @@ fn worker_processes_never_exceed_the_queue_limit() {
         ..queue_core::QueueLimits::NONE
     };
     let jobs = (0..90).map(|n| NewJob::from_value(json!({ "n": n })));
-    let most = run_limited_workers(
-        limits,
-        jobs.collect(),
-        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
-        3,
-        Hold::UntilTheLimit,
-    );
+    let most = run_limited_workers(limits, jobs.collect(), IN_FLIGHT, 3, Hold::UntilTheLimit);
     assert_eq!(most, 3, "the limit bound: three ran at once at some point");
 }
 
@@ -2401,7 +2404,7 @@ fn worker_processes_claiming_ahead_never_exceed_the_queue_limit() {
     let most = run_limited_workers_of(
         limits,
         jobs.collect(),
-        "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
+        IN_FLIGHT,
         40,
         (6, 24, 5, 50),
         Hold::UntilTheLimit,
@@ -2429,10 +2432,7 @@ fn worker_processes_claiming_ahead_never_exceed_the_partition_limit() {
     let most = run_limited_workers_of(
         limits,
         jobs.collect(),
-        "SELECT COALESCE(max(n), 0) FROM (
-             SELECT count(*) AS n FROM queue_jobs
-             WHERE status = 'in_flight' AND partition_key IS NOT NULL
-             GROUP BY partition_key) AS per_partition",
+        MOST_IN_FLIGHT_OF_A_PARTITION,
         30,
         (6, 24, 5, 300),
         Hold::UntilTheLimit,
@@ -2469,10 +2469,7 @@ fn worker_processes_on_grants_never_exceed_the_queue_limit() {
         Some((ROOM_GRANTS_ON, GRANTS_MADE)),
         limits,
         jobs.collect(),
-        (
-            "SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'",
-            40,
-        ),
+        (IN_FLIGHT, 40),
         (6, 24, 5, 50),
         Hold::UntilTheLimit,
     );
@@ -2496,13 +2493,7 @@ fn worker_processes_on_grants_never_exceed_the_partition_limit() {
         Some((ROOM_GRANTS_ON, GRANTS_MADE)),
         limits,
         jobs.collect(),
-        (
-            "SELECT COALESCE(max(n), 0) FROM (
-                 SELECT count(*) AS n FROM queue_jobs
-                 WHERE status = 'in_flight' AND partition_key IS NOT NULL
-                 GROUP BY partition_key) AS per_partition",
-            64,
-        ),
+        (MOST_IN_FLIGHT_OF_A_PARTITION, 64),
         (6, 24, 5, 300),
         Hold::UntilTheLimit,
     );
@@ -2558,7 +2549,7 @@ fn a_killed_workers_grant_comes_back() {
     };
     let childs: Vec<i64> = runtime.block_on(async {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while count("SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'").await < 4 {
+        while in_flight(&db).await < 4 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the child never claimed"
@@ -2619,10 +2610,7 @@ fn worker_processes_never_exceed_the_partition_limit() {
     let most = run_limited_workers(
         limits,
         jobs,
-        "SELECT COALESCE(max(n), 0) FROM (
-             SELECT count(*) AS n FROM queue_jobs
-             WHERE status = 'in_flight' AND partition_key IS NOT NULL
-             GROUP BY partition_key) AS per_partition",
+        MOST_IN_FLIGHT_OF_A_PARTITION,
         2,
         Hold::UntilTheLimit,
     );
@@ -3580,7 +3568,7 @@ fn assert_over(claim: Result<(usize, Vec<String>), sqlx::Error>) {
 
 /// The default queue's jobs in flight.
 async fn in_flight(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE status = 'in_flight'")
+    sqlx::query_scalar(IN_FLIGHT)
         .fetch_one(&db.pool)
         .await
         .unwrap()
