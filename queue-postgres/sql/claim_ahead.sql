@@ -71,10 +71,10 @@
 -- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
 -- show more starts within a window than it allows, by that drift.
 --
--- A queue whose switch room_grants is on and that has no rate (room may be granted to queue
--- handles: grant.sql) gets no claim ahead: its snapshot shows it 'binding', and the check at
--- the end fails on the newest row, since this form does not count the granted room (the lock's
--- claims do, claim_quota.sql).
+-- A queue whose switch room_grants is on and that has no rate per partition (room may be
+-- granted to queue handles: grant.sql) gets no claim ahead: its snapshot shows it 'binding',
+-- and the check at the end fails on the newest row, since this form does not count the room
+-- granted in flight (the lock's claims do, claim_quota.sql).
 --
 -- A claim that fails the check must not commit, and a statement cannot undo its own writes; an
 -- error can: the statement then fails with SQLSTATE 22P02 and a message naming {{over}} (a

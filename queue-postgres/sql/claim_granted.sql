@@ -5,10 +5,11 @@
 --
 -- Parameters: claim.sql's $1 to $7; $8 the grant.
 --
--- Picks as claim.sql does, keeping at most the grant's jobs_left pending jobs and at most its
--- per_claim of one partition (the earliest; rows picked and not kept stay locked only until
--- the commit), and spends the grant in the same statement: jobs_left less its new jobs
--- (takeovers put no job in flight), claims_left less one. The spend's guard is in the update's
+-- Picks as claim.sql does, keeping at most the grant's jobs_left jobs, takeovers included (a
+-- takeover puts no job in flight, but it starts one, which the queue's rate counts), and at
+-- most its per_claim pending jobs of one partition (the earliest; rows picked and not kept
+-- stay locked only until the commit), and spends the grant in the same statement: jobs_left
+-- less its jobs, claims_left less one. The spend's guard is in the update's
 -- WHERE, read again on the newest version of the grant's row (two connections of one handle
 -- cannot both spend its last room), backed by the table's CHECKs; the grant must also not have
 -- expired. When the grant's row is gone (deleted: returned, expired and swept, the queue's
@@ -20,9 +21,11 @@
 --
 -- Guarantees: claim.sql's, and the queue's limits in flight: every grant's room is counted by
 -- the other claims (claim_quota.sql) and grants (grant.sql) until its row is deleted, and this
--- claim moves its new jobs from the grant's jobs_left into the in-flight rows, and puts at
+-- claim lowers the grant's jobs_left by at least the new jobs it puts in flight, and puts at
 -- most per_claim of any one partition in flight (and no more than its new jobs), while the
--- least of the grant's per_claim * claims_left and jobs_left falls by at least as many.
+-- least of the grant's per_claim * claims_left and jobs_left falls by at least as many. The
+-- queue's rate: the grant was logged as all its jobs started (grant.sql), and its claims start
+-- no more, each before the grant expires (the spend's guard reads the clock).
 WITH room AS MATERIALIZED (
     SELECT g.jobs_left, g.per_claim
     FROM "{{table}}_grants" AS g
@@ -43,13 +46,12 @@ due AS MATERIALIZED (
 {{claim_picks}},
 spent AS (
     UPDATE "{{table}}_grants" AS g
-    SET jobs_left = g.jobs_left - n.new_jobs,
+    SET jobs_left = g.jobs_left - n.all_jobs,
         claims_left = g.claims_left - 1
-    FROM (SELECT count(*) FILTER (WHERE NOT taken_over) AS new_jobs, count(*) AS all_jobs
-          FROM claimed) AS n
+    FROM (SELECT count(*) AS all_jobs FROM claimed) AS n
     WHERE g.queue = $1 AND g.grant_id = $8
       AND n.all_jobs > 0
-      AND g.jobs_left >= n.new_jobs
+      AND g.jobs_left >= n.all_jobs
       AND g.claims_left >= 1
       AND g.expires_at > clock_timestamp()
     RETURNING g.jobs_left, g.claims_left

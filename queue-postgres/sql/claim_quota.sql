@@ -49,6 +49,8 @@
 -- than every grant (a grant moves the claims counter): a claim on a grant that committed since
 -- moved its jobs from the grant's jobs_left, which the snapshot counts, into the in-flight
 -- rows, which it does not, so the sum is never short. grant.sql leaves both limits at least 1.
+-- The rate needs nothing here: grant.sql logs each grant in the rate's log as all its jobs
+-- started at its expiry instant, so the log this claim counts holds them.
 control AS MATERIALIZED (
     SELECT CASE WHEN c.room_grants AND c.max_in_flight IS NOT NULL
                 THEN c.max_in_flight - (SELECT COALESCE(sum(g.jobs_left), 0)::bigint

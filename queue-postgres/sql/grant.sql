@@ -5,11 +5,12 @@
 -- row before.
 --
 -- Parameters: $1 queue; $2 the holder's name (NULL for none); $3 the batch its claims ask for;
--- $4 how many claims at most; $5 the grant's life in milliseconds (the database's clock); $6 the
--- holder's grants spent to their end, returned here (deleted; empty for none). Returns the grant, or no
--- row when none is granted: the queue's switch is off, it has a rate or no limit in flight
--- (the grants leave the rates to claim_ahead.sql), it is paused, or the room its limits leave
--- is too short for a batch. Then claim under the lock.
+-- $4 how many claims at most; $5 the grant's life in milliseconds (the database's clock; no
+-- longer than the queue's rate's window, when it has one); $6 the holder's grants spent to
+-- their end, returned here (deleted; empty for none). Returns the grant, or no row when none
+-- is granted: the queue's switch is off, it has a rate per partition (left to claims under the
+-- lock) or no limit but that, it is paused, or the room its limits leave is too short for a
+-- batch. Then claim under the lock.
 --
 -- The claims: $4, or fewer under max_per_partition when its share of the room is short of one
 -- job of a partition for each of $4 (so that a queue with a low limit still gets grants).
@@ -27,13 +28,32 @@
 -- the snapshot move jobs from a grant's jobs_left into the in-flight rows, and finished jobs
 -- only lower F: the snapshot's sums are never short.
 --
+-- The queue's rate (R starts in any window of W): S, the starts its log counts within the
+-- window at the grant's instant (the lock held), and G <= (R - S)/{{grant_share}}. The grant is
+-- logged as G starts at its expiry instant, ahead of time: every claim on it takes at most its
+-- jobs_left jobs, takeovers included (claim_granted.sql), so at most G jobs start on it,
+-- each at an instant between the grant and its expiry, and every check of the rate until W
+-- after the expiry (claim_quota.sql's, the next grant's) counts all G, whatever was spent. So
+-- any window's starts are counted by the last check before its end, which allowed them: the
+-- starts in the window before that check are in the log (a grant's by its entry), those after
+-- it can only be the unexpired grants', counted whole. The cost is the grant's jobs counted
+-- for up to its life longer than their starts are: hence a life no longer than the window,
+-- and none near the rate (a quarter of what is left). The entry carries the grant's id: when
+-- this statement deletes the grant (spent, returned through $6, expired), the entry becomes
+-- the jobs its claims took, at the least of its expiry and the delete (logged), which no claim
+-- on it can start after; a grant deleted otherwise keeps its entry whole.
+--
 -- It deletes the expired grants and the spent ones (no job or no claim left), and the
 -- holder's grants in $6, so that their room comes back, whether it grants or not; a claim on
 -- a grant it deletes finds no row and fails (claim_granted.sql). A grant moves the row's
 -- claims counter, as a claim does: a claim under the lock whose snapshot predates it is stale
 -- and claims again after the lock (claim_quota.sql).
 WITH control AS MATERIALIZED (
-    SELECT c.max_in_flight, c.max_per_partition
+    SELECT c.max_in_flight, c.max_per_partition,
+           CASE WHEN c.rate_starts IS NOT NULL THEN c.rate_per_ms END AS rate_per_ms,
+           c.rate_starts, c.rate_log,
+           -- The instant the grant counts by, once the lock is held (one for the statement).
+           clock_timestamp() AS now_at
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1 AND c.paused_at IS NULL AND {{granting}}
 ),
@@ -42,6 +62,31 @@ granted AS MATERIALIZED (
            COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint AS partition_room
     FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
+),
+swept AS (
+    -- RETURNING reads each row as deleted, after any claim on it that held it committed: its
+    -- jobs_left is final, and the clock, read after, is past every start of its claims.
+    DELETE FROM "{{table}}_grants" AS g
+    WHERE g.queue = $1
+      AND (g.expires_at <= clock_timestamp() OR g.jobs_left = 0 OR g.claims_left = 0
+           OR g.grant_id = ANY ($6::bigint[]))
+    RETURNING g.grant_id, g.jobs_left, extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms
+),
+logged AS MATERIALIZED (
+    -- The rate's log within the window, a deleted grant's entry ([expiry, jobs, grant_id])
+    -- made [the least of its expiry and the delete, the jobs its claims took]: no claim can
+    -- spend it now.
+    SELECT CASE WHEN c.rate_per_ms IS NOT NULL THEN COALESCE((
+               SELECT jsonb_agg(CASE WHEN x.grant_id IS NULL THEN e
+                                     ELSE jsonb_build_array(LEAST((e ->> 0)::float8, x.at_ms),
+                                                            (e ->> 1)::bigint - x.jobs_left)
+                                END)
+               FROM jsonb_array_elements(c.rate_log) AS e
+               LEFT JOIN swept AS x ON x.grant_id = (e ->> 2)::bigint
+               WHERE (e ->> 0)::float8
+                     > extract(epoch FROM c.now_at)::float8 * 1000 - c.rate_per_ms), '[]') END
+               AS log
+    FROM control AS c
 ),
 counts AS MATERIALIZED (
     -- (A CASE runs its subquery only when it is read: no count without its limit.)
@@ -54,7 +99,12 @@ counts AS MATERIALIZED (
                      FROM "{{table}}" AS j
                      WHERE j.queue = $1 AND j.status = 'in_flight'
                        AND j.partition_key IS NOT NULL
-                     GROUP BY j.partition_key) AS k) END AS most
+                     GROUP BY j.partition_key) AS k) END AS most,
+           -- The starts in the rate's log, grants' entries (stamped ahead) included.
+           CASE WHEN c.rate_per_ms IS NOT NULL THEN (
+               SELECT COALESCE(sum((e ->> 1)::bigint), 0)::bigint
+               FROM logged AS l CROSS JOIN LATERAL jsonb_array_elements(l.log) AS e) END
+               AS started
     FROM control AS c
 ),
 claims AS MATERIALIZED (
@@ -68,10 +118,9 @@ claims AS MATERIALIZED (
     FROM control AS c, counts AS n, granted AS g
 ),
 sized AS MATERIALIZED (
-    SELECT CASE WHEN c.max_in_flight IS NULL THEN k.k * $3::bigint
-                ELSE LEAST(k.k * $3::bigint,
-                           (c.max_in_flight - n.in_flight - g.jobs) / {{grant_share}})
-           END AS jobs,
+    SELECT LEAST(k.k * $3::bigint,
+                 (c.max_in_flight - n.in_flight - g.jobs) / {{grant_share}},
+                 (c.rate_starts - n.started) / {{grant_share}}) AS jobs,
            k.k AS claims,
            CASE WHEN c.max_per_partition IS NULL THEN LEAST($3::bigint, 2147483647)
                 ELSE LEAST($3::bigint,
@@ -80,23 +129,29 @@ sized AS MATERIALIZED (
            END AS per_claim
     FROM control AS c, counts AS n, granted AS g, claims AS k
 ),
-swept AS (
-    DELETE FROM "{{table}}_grants" AS g
-    WHERE g.queue = $1
-      AND (g.expires_at <= clock_timestamp() OR g.jobs_left = 0 OR g.claims_left = 0
-           OR g.grant_id = ANY ($6::bigint[]))
-),
 inserted AS (
     INSERT INTO "{{table}}_grants" (queue, holder, jobs_left, claims_left, per_claim, expires_at)
     SELECT $1, $2, s.jobs, s.claims::integer, s.per_claim,
-           clock_timestamp() + make_interval(secs => $5::bigint / 1000.0)
-    FROM sized AS s
+           c.now_at + make_interval(secs => LEAST($5::bigint, c.rate_per_ms) / 1000.0)
+    FROM sized AS s, control AS c
     WHERE s.jobs >= $3::bigint AND s.per_claim >= 1
-    RETURNING grant_id, jobs_left, claims_left, per_claim
+    RETURNING grant_id, jobs_left, claims_left, per_claim, expires_at
 ),
 counted AS (
+    -- A grant moves the claims counter; under a rate the log is written with the deleted
+    -- grants' entries made final and the new grant's appended.
     UPDATE "{{table}}_queues" AS c
-    SET claims = c.claims + 1
-    WHERE c.queue = $1 AND EXISTS (SELECT 1 FROM inserted)
+    SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN 1 ELSE 0 END,
+        rate_log = CASE WHEN o.rate_per_ms IS NULL THEN c.rate_log ELSE
+            (SELECT log FROM logged)
+            || COALESCE((SELECT jsonb_agg(jsonb_build_array(
+                                    extract(epoch FROM i.expires_at)::float8 * 1000,
+                                    i.jobs_left, i.grant_id))
+                         FROM inserted AS i), '[]')
+        END
+    FROM control AS o
+    WHERE c.queue = $1
+      AND (EXISTS (SELECT 1 FROM inserted)
+           OR (o.rate_per_ms IS NOT NULL AND EXISTS (SELECT 1 FROM swept)))
 )
 SELECT grant_id, jobs_left, claims_left, per_claim FROM inserted

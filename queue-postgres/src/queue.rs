@@ -386,10 +386,10 @@ impl<D: Driver> PostgresQueue<D> {
     }
 
     /// Switches room grants on or off for this handle's queue (docs/operations.md, "Room
-    /// grants"): while on, a queue whose limits are in flight only (`max_in_flight`,
-    /// `max_per_partition`, no rate) grants each worker's handle room for several claims at
-    /// once, which it spends without the queue's row lock, and every other claim counts that
-    /// room against the limits. Off by default.
+    /// grants"): while on, a queue with limits in flight (`max_in_flight`,
+    /// `max_per_partition`) or a rate, and no rate per partition, grants each worker's handle
+    /// room for several claims at once, which it spends without the queue's row lock, and every
+    /// other claim counts that room against the limits. Off by default.
     ///
     /// Switch it on only once every worker and tool of the queue runs a release that counts
     /// grants: an older release's claims would not, and could pass the limits beside a handle
@@ -467,9 +467,10 @@ impl<D: Driver> PostgresQueue<D> {
         let limits = &control.limits;
         // As the statements' GRANTING reads the queue's row (sql.rs).
         let granting = control.room_grants
-            && limits.rate.is_none()
             && limits.rate_per_partition.is_none()
-            && (limits.max_in_flight.is_some() || limits.max_per_partition.is_some());
+            && (limits.max_in_flight.is_some()
+                || limits.max_per_partition.is_some()
+                || limits.rate.is_some());
         self.saw_limits(limits, Some(granting));
         if !granting {
             self.drop_grants().await?;
@@ -614,22 +615,27 @@ impl<D: Driver> PostgresQueue<D> {
             };
             match claim {
                 statement::GrantedClaim::Claimed(jobs, left) => {
-                    // Nothing due (the room goes back to the others while this handle idles),
-                    // or spent to its end (what is left of it still counts until deleted).
                     let idle = jobs.is_empty();
-                    let spent = idle
-                        || left.is_none_or(|(jobs_left, claims_left)| {
-                            claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
-                        });
-                    if !spent {
-                        inner.grants.lock().expect("grants lock").idle.push(grant);
-                    } else if self.return_grant(grant).await.is_err() {
-                        // The claim stands; the next grant statement deletes the grant.
-                        inner.grants.lock().expect("grants lock").spent.push(grant);
-                    }
+                    let spent = left.is_none_or(|(jobs_left, claims_left)| {
+                        claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
+                    });
                     if idle {
+                        // Nothing due: the room goes back to the others at once while this
+                        // handle idles.
+                        if self.return_grant(grant).await.is_err() {
+                            // The next grant statement deletes it.
+                            inner.grants.lock().expect("grants lock").spent.push(grant);
+                        }
                         inner.grants.lock().expect("grants lock").without_at =
                             Some(std::time::Instant::now());
+                    } else if spent {
+                        // Spent to its end: what is left of it counts until the next grant
+                        // statement deletes it, which this stream's next claim runs, and
+                        // which, under a rate, logs the jobs its claims took when they did
+                        // (a grant deleted otherwise stays logged as all started at its expiry).
+                        inner.grants.lock().expect("grants lock").spent.push(grant);
+                    } else {
+                        inner.grants.lock().expect("grants lock").idle.push(grant);
                     }
                     return Ok(Some(ClaimBatch { jobs }));
                 }

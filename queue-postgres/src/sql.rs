@@ -580,11 +580,12 @@ pub(crate) const AHEAD_MARGIN_MOST: u32 = 256;
 pub(crate) const AHEAD_OVER: &str = "claim_ahead: over the limits of the queue";
 
 /// Whether room may be granted to queue handles from the queue's row `c` (`grant.sql`): its
-/// switch is on and it has no rate (the grants leave the rates to the claims ahead).
+/// switch is on, it has a limit in flight or a rate, and no rate per partition (left to the
+/// claims under the lock).
 const GRANTING: &str = "(c.room_grants \
-     AND (c.rate_starts IS NULL OR c.rate_per_ms IS NULL) \
      AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL) \
-     AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL))";
+     AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL \
+          OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)))";
 
 /// The share of the room a queue's limits leave that one grant may take (`grant.sql`): the
 /// others' grants take shares of the rest, and the claims under the lock what is left.
@@ -595,10 +596,10 @@ pub(crate) const GRANT_SHARE: u32 = 4;
 pub(crate) const GRANT_OVER: &str = "claim_granted: no room left of the grant";
 
 /// The picks of `claim_granted.sql`: the batch asked for, at most the grant's jobs left of
-/// them pending jobs.
+/// them, takeovers included.
 const GRANTED_PICKS: Picks<'static> = Picks {
     due_batch: "LEAST($2::bigint, COALESCE((SELECT jobs_left FROM room), 0))",
-    batch: "$2",
+    batch: "LEAST($2::bigint, COALESCE((SELECT jobs_left FROM room), 0))",
     guard: "",
     expired_guard: "",
     claim_now: "now()",

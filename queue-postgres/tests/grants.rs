@@ -1,7 +1,8 @@
 //! Room granted to a queue handle for several claims (`grant.sql`, `claim_granted.sql`,
 //! docs/adr/0004-room-grants.md): the grants' room is counted by every other claim, spent
 //! only once, and given back when the grant's row goes (returned, expired, or the limits or
-//! the switch changed), whatever writes the queue's row.
+//! the switch changed), whatever writes the queue's row; under a queue rate a grant counts
+//! whole in the rate's log until a window after its expiry, returned or not.
 
 mod support;
 
@@ -55,6 +56,16 @@ type GrantRow = (i64, i64, i32, i32);
 /// Asks for a grant of eight claims of `batch` for the default queue, as a handle does (the
 /// queue's row locked first, in one transaction), returning `previous`.
 async fn ask_grant(db: &TestDb, batch: i64, previous: Option<i64>) -> Option<GrantRow> {
+    ask_grant_living(db, batch, previous, Duration::from_secs(2)).await
+}
+
+/// [`ask_grant`] for a grant living `life` (no longer than the queue's rate's window).
+async fn ask_grant_living(
+    db: &TestDb,
+    batch: i64,
+    previous: Option<i64>,
+    life: Duration,
+) -> Option<GrantRow> {
     let [lock, grant] = queue_postgres::testing::grant_sql(&TableName::default());
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(lock))
@@ -67,7 +78,7 @@ async fn ask_grant(db: &TestDb, batch: i64, previous: Option<i64>) -> Option<Gra
         .bind("test")
         .bind(batch)
         .bind(8_i64)
-        .bind(2000_i64)
+        .bind(i64::try_from(life.as_millis()).unwrap())
         .bind(previous.into_iter().collect::<Vec<i64>>())
         .fetch_optional(&mut *tx)
         .await
@@ -330,9 +341,9 @@ async fn a_change_of_the_limits_deletes_the_grants() {
 }
 
 /// No grant is given near a limit (the share of the room left is short of a batch), under a
-/// rate (the grants leave rates to the claims ahead), or while the queue is paused.
+/// rate per partition (left to the claims under the lock), or while the queue is paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_grant_near_a_limit_under_a_rate_or_paused() {
+async fn no_grant_near_a_limit_under_a_partition_rate_or_paused() {
     let db = TestDb::new().await;
     let limits = QueueLimits {
         max_in_flight: Some(19),
@@ -346,14 +357,14 @@ async fn no_grant_near_a_limit_under_a_rate_or_paused() {
     );
     let rated = QueueLimits {
         max_in_flight: Some(40),
-        rate: Some(queue_core::RateLimit::new(1000, Duration::from_secs(1)).unwrap()),
+        rate_per_partition: Some(queue_core::RateLimit::new(1000, Duration::from_secs(1)).unwrap()),
         ..QueueLimits::NONE
     };
     queue.set_limits(rated).await.unwrap();
-    assert_eq!(ask_grant(&db, 5, None).await, None, "a rate");
+    assert_eq!(ask_grant(&db, 5, None).await, None, "a rate per partition");
     queue
         .set_limits(QueueLimits {
-            rate: None,
+            rate_per_partition: None,
             ..rated
         })
         .await
@@ -362,6 +373,169 @@ async fn no_grant_near_a_limit_under_a_rate_or_paused() {
     assert_eq!(ask_grant(&db, 5, None).await, None, "paused");
     queue.resume().await.unwrap();
     assert!(ask_grant(&db, 5, None).await.is_some());
+    db.drop_db().await;
+}
+
+/// A claim of `batch` under the queue's lock (`claim_limited.sql`) on `conn`: the jobs it took.
+async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    sqlx::query(sqlx::AssertSqlSafe(locked))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("locked")
+        .bind(7_i64)
+        .bind(Vec::<i64>::new())
+        .fetch_all(conn)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|row| row.get::<Option<String>, _>("marker").is_none())
+        .count()
+}
+
+/// At most forty starts a minute.
+fn forty_a_minute() -> QueueLimits {
+    QueueLimits {
+        rate: Some(queue_core::RateLimit::new(40, Duration::from_secs(60)).unwrap()),
+        ..QueueLimits::NONE
+    }
+}
+
+/// Under a queue rate of forty a minute a grant takes a quarter of what the rate leaves (ten
+/// starts), logged in the rate's log as ten starts at the grant's expiry (twenty seconds on):
+/// the lock's claims count all ten whether the grant's claims start them or not (five here,
+/// then the grant returned), until a whole window after the grant's expiry (the database's
+/// clock moved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_counts_a_grant_whole_until_a_window_after_it_expires() {
+    let db = TestDb::new().await;
+    let queue = granting::<Sqlx>(&db, forty_a_minute(), plain_jobs(100)).await;
+    let (grant, jobs_left, claims_left, _) =
+        ask_grant_living(&db, 5, None, Duration::from_secs(20))
+            .await
+            .expect("a grant");
+    assert_eq!((jobs_left, claims_left), (10, 8));
+    let logged: (f64, i64) = sqlx::query_as(
+        "SELECT (c.rate_log -> 0 ->> 0)::float8
+                    - extract(epoch FROM g.expires_at)::float8 * 1000,
+                (c.rate_log -> 0 ->> 1)::bigint
+         FROM queue_jobs_queues AS c JOIN queue_jobs_grants AS g ON g.queue = c.queue",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(logged.0.abs() < 1.0, "stamped at the expiry: {logged:?}");
+    assert_eq!(logged.1, 10, "logged as ten starts");
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        claim_under_lock(&mut conn, 40).await,
+        30,
+        "the lock leaves ten"
+    );
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    sqlx::query("DELETE FROM queue_jobs_grants")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_under_lock(&mut conn, 40).await,
+        0,
+        "returned, the grant still counts its ten"
+    );
+
+    let table = TableName::default();
+    queue_postgres::testing::age_rows(&db.pool, &table, Duration::from_secs(60)).await;
+    assert_eq!(
+        claim_under_lock(&mut conn, 40).await,
+        30,
+        "a window on, only the grant's entry (twenty seconds later) counts"
+    );
+    queue_postgres::testing::age_rows(&db.pool, &table, Duration::from_secs(21)).await;
+    assert_eq!(
+        claim_under_lock(&mut conn, 40).await,
+        10,
+        "a window after the grant's expiry, only the last claim's thirty count"
+    );
+    assert_eq!(in_flight(&db).await, 75);
+    drop(conn);
+    drop(queue);
+    db.drop_db().await;
+}
+
+/// A grant the grant statement deletes (its holder's, returned through it) is logged from then
+/// on as the jobs its claims took, at the delete: of a grant of ten a claim took five, so the
+/// next grant is a quarter of the 35 the rate then leaves (eight), and the lock leaves those
+/// eight and the five.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_deleted_by_the_grant_statement_is_logged_as_its_claims_took() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, forty_a_minute(), plain_jobs(100)).await;
+    let life = Duration::from_secs(20);
+    let (first, ..) = ask_grant_living(&db, 5, None, life).await.expect("a grant");
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, first, 5).await.unwrap(), 5);
+    let (second, jobs_left, ..) = ask_grant_living(&db, 5, Some(first), life)
+        .await
+        .expect("a second grant");
+    assert_eq!(jobs_left, 8, "(40 - 5) / 4");
+    let log: Vec<(f64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT (e ->> 0)::float8 - extract(epoch FROM clock_timestamp())::float8 * 1000,
+                (e ->> 1)::bigint, (e ->> 2)::bigint
+         FROM queue_jobs_queues AS c CROSS JOIN LATERAL jsonb_array_elements(c.rate_log) AS e
+         ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(
+        log[0].0 <= 0.0,
+        "the first grant at its delete, past: {log:?}"
+    );
+    assert_eq!((log[0].1, log[0].2), (5, None), "the jobs its claims took");
+    assert!(
+        log[1].0 > 10_000.0,
+        "the second at its expiry, ahead: {log:?}"
+    );
+    assert_eq!((log[1].1, log[1].2), (8, Some(second)));
+    assert_eq!(claim_under_lock(&mut conn, 40).await, 27, "40 - 5 - 8");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A grant bounds every job its claims start, takeovers included (the queue's rate counts a
+/// takeover as a start): five jobs whose leases lapsed are taken over by a claim on a grant of
+/// seven (a quarter of the thirty starts the rate leaves), which leaves it two; the next
+/// claim takes two, and the grant is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_bounds_its_claims_takeovers_included() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, forty_a_minute(), plain_jobs(20)).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_under_lock(&mut conn, 10).await, 10);
+    sqlx::query("UPDATE queue_jobs SET lease_expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (grant, jobs_left, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(jobs_left, 7, "(40 - 10) / 4");
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM queue_jobs WHERE reclaims > 0").await,
+        5,
+        "the claim took over five lapsed leases"
+    );
+    assert_eq!(
+        count(&db, "SELECT jobs_left FROM queue_jobs_grants").await,
+        2,
+        "the takeovers spent the grant"
+    );
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 2);
+    assert_refused(claim_on(&mut conn, grant, 5).await);
+    drop(conn);
     db.drop_db().await;
 }
 

@@ -2501,6 +2501,47 @@ fn worker_processes_on_grants_never_exceed_the_partition_limit() {
     assert!(grants > 0, "no grant was made");
 }
 
+/// The most jobs claimed within any second (less a millisecond: the rate's log keeps
+/// milliseconds as floating point), read from `claimed_at`, each job claimed once.
+const MOST_CLAIMS_IN_A_SECOND: &str = "SELECT COALESCE(max(n), 0) FROM (
+     SELECT count(*) OVER (ORDER BY claimed_at
+                           RANGE BETWEEN interval '999 milliseconds' PRECEDING
+                           AND CURRENT ROW) AS n
+     FROM queue_jobs
+     WHERE claimed_at IS NOT NULL) AS per_window";
+
+/// Six worker processes of twenty-four slots each, claiming at most five jobs at a time (each
+/// job 5 ms of work), on a queue allowed a hundred starts a second whose room grants are on:
+/// far from the rate the handles claim on grants (each a quarter of the starts the rate's log
+/// leaves, logged in it as all started at the grant's expiry, a second on), near it under the
+/// lock, which counts those entries. A claim on a grant stamps `claimed_at` between the grant
+/// and its expiry, a claim under the lock at the instant its rate counts. Read from the table
+/// all along, the claims never number more than a hundred within a second, grants were made,
+/// and the rate binds (four hundred starts take more than three seconds).
+#[test]
+fn worker_processes_on_grants_never_exceed_the_queue_rate() {
+    let limits = queue_core::QueueLimits {
+        rate: Some(queue_core::RateLimit::new(100, Duration::from_secs(1)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs = (0..400).map(|n| NewJob::from_value(json!({ "n": n })));
+    let started = std::time::Instant::now();
+    let (most, grants) = run_limited_workers_after(
+        Some((ROOM_GRANTS_ON, GRANTS_MADE)),
+        limits,
+        jobs.collect(),
+        (MOST_CLAIMS_IN_A_SECOND, 100),
+        (6, 24, 5, 5),
+        Hold::No,
+    );
+    assert!(most >= 1, "the sampler saw claims");
+    assert!(grants > 0, "no grant was made");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "the rate bound: four hundred starts at a hundred a second take more than three windows"
+    );
+}
+
 /// A worker process that holds room granted to it is killed (SIGKILL: nothing returns its
 /// grant). Its grant still counts against the limit, expired or not, until a grant statement
 /// of another handle deletes it once it expired (its expiry passed here by the database's

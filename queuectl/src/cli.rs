@@ -183,8 +183,8 @@ pub enum QueueCommand {
         #[arg(long, value_parser = parse_rate)]
         rate_per_partition: Option<queue_core::RateLimit>,
     },
-    /// Switch room grants on or off: with limits in flight only (no rate), each worker's
-    /// queue handle takes room for several claims at once and spends it without the queue's
+    /// Switch room grants on or off: with limits in flight or a queue rate (no rate per
+    /// partition), each worker's queue handle takes room for several claims at once and spends it without the queue's
     /// row lock. Switch it on only once every worker and tool of the queue runs a release that
     /// counts grants (docs/operations.md, "Room grants"). A change returns every grant.
     Grants {

@@ -278,8 +278,8 @@ struct Options {
     #[arg(long, value_parser = parse_rate)]
     limit_rate_per_partition: Option<queue_core::RateLimit>,
     /// Switch the queue's room grants on (PostgreSQL, `PostgresQueue::set_room_grants`): with
-    /// limits in flight and no rate, each worker's handle claims on room granted for several
-    /// claims instead of claiming ahead of the queue's row lock.
+    /// limits in flight or a queue rate (no rate per partition), each worker's handle claims on
+    /// room granted for several claims instead of claiming ahead of the queue's row lock.
     #[arg(long)]
     room_grants: bool,
     /// Analyze the table after the throughput phase's enqueue (PostgreSQL), as autovacuum would
