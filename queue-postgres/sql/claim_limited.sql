@@ -18,7 +18,8 @@
 -- taken, so the snapshot's counts are stale: the statement claims nothing (its picks take no
 -- row) and returns a row marked 'stale' (try again; inside a transaction that took the lock
 -- first, lock_queue.sql, it never is). rate_log holds the recent claims as [epoch
--- milliseconds, jobs] pairs; a claim drops the ones older than the window and appends its own;
+-- milliseconds, jobs] pairs (and room grants as [expiry, jobs, grant id], grant.sql); a claim
+-- drops the ones older than the window and appends its own;
 -- "{{table}}_starts" keeps such a log per partition (claim_logged.sql).
 -- The in-flight counts read the queue's in-flight rows (an in-flight partial index). Finalizes the
 -- snapshot does not see only make the counts higher. Assumes READ COMMITTED, as every statement

@@ -128,8 +128,9 @@ quota AS MATERIALIZED (
                ELSE GREATEST(0, LEAST($2::bigint, c.rate_starts - (
                    SELECT COALESCE(sum((e ->> 1)::bigint), 0)
                    FROM jsonb_array_elements(c.rate_log) AS e
-                   WHERE (e ->> 0)::float8
-                         > extract(epoch FROM clock_timestamp())::float8 * 1000 - c.rate_per_ms)))
+                   -- At the claim's instant (its claimed_at), not a later clock: an entry
+                   -- within the window ending there must count.
+                   WHERE (e ->> 0)::float8 > t.now_ms - c.rate_per_ms)))
                END AS room
     ) AS r
     UNION ALL

@@ -629,10 +629,11 @@ impl<D: Driver> PostgresQueue<D> {
                         inner.grants.lock().expect("grants lock").without_at =
                             Some(std::time::Instant::now());
                     } else if spent {
-                        // Spent to its end: what is left of it counts until the next grant
-                        // statement deletes it, which this stream's next claim runs, and
-                        // which, under a rate, logs the jobs its claims took when they did
-                        // (a grant deleted otherwise stays logged as all started at its expiry).
+                        // Spent to its end: what is left of it counts until a grant statement
+                        // deletes it (this handle's next, unless it goes without grants
+                        // meanwhile; then it expires), which, under a rate, logs the jobs its
+                        // claims took (a grant deleted otherwise stays logged as all started
+                        // at its expiry).
                         inner.grants.lock().expect("grants lock").spent.push(grant);
                     } else {
                         inner.grants.lock().expect("grants lock").idle.push(grant);

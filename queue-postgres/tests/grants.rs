@@ -2,7 +2,8 @@
 //! docs/adr/0004-room-grants.md): the grants' room is counted by every other claim, spent
 //! only once, and given back when the grant's row goes (returned, expired, or the limits or
 //! the switch changed), whatever writes the queue's row; under a queue rate a grant counts
-//! whole in the rate's log until a window after its expiry, returned or not.
+//! whole in the rate's log until the grant statement deletes it (then as its claims' jobs) or
+//! a window after its expiry.
 
 mod support;
 

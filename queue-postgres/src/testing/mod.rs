@@ -299,10 +299,11 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .execute(pool)
     .await
     .expect("age the table's rows");
-    // The rate limits' logs of recent claims, [epoch milliseconds, jobs] pairs, age with them.
+    // The rate limits' logs of recent claims, [epoch milliseconds, jobs] pairs (a room grant's
+    // with its id after them), age with them.
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE {} SET rate_log = COALESCE((
-             SELECT jsonb_agg(jsonb_build_array((e ->> 0)::float8 - $1 * 1000, e -> 1))
+             SELECT jsonb_agg(jsonb_build_array((e ->> 0)::float8 - $1 * 1000) || (e - 0))
              FROM jsonb_array_elements(rate_log) AS e), '[]')",
         table.controls_quoted()
     )))
