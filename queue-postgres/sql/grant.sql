@@ -41,7 +41,8 @@
 -- and none near the rate (a quarter of what is left). The entry carries the grant's id: when
 -- this statement deletes the grant (spent, returned through $6, expired), the entry becomes
 -- the jobs its claims took, at the least of its expiry and the delete (logged), which no claim
--- on it can start after; a grant deleted otherwise keeps its entry whole.
+-- on it can start after (so does return_grant.sql); a grant deleted otherwise (the trigger, by
+-- hand) keeps its entry whole.
 --
 -- It deletes the expired grants and the spent ones (no job or no claim left), and the
 -- holder's grants in $6, so that their room comes back, whether it grants or not; a claim on
@@ -64,28 +65,15 @@ granted AS MATERIALIZED (
     WHERE g.queue = $1
 ),
 swept AS (
-    -- RETURNING reads each row as deleted, after any claim on it that held it committed: its
-    -- jobs_left is final, and the clock, read after, is past every start of its claims.
     DELETE FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
       AND (g.expires_at <= clock_timestamp() OR g.jobs_left = 0 OR g.claims_left = 0
            OR g.grant_id = ANY ($6::bigint[]))
-    RETURNING g.grant_id, g.jobs_left, extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms
+    RETURNING {{swept_returning}}
 ),
 logged AS MATERIALIZED (
-    -- The rate's log within the window, a deleted grant's entry ([expiry, jobs, grant_id])
-    -- made [the least of its expiry and the delete, the jobs its claims took]: no claim can
-    -- spend it now.
-    SELECT CASE WHEN c.rate_per_ms IS NOT NULL THEN COALESCE((
-               SELECT jsonb_agg(CASE WHEN x.grant_id IS NULL THEN e
-                                     ELSE jsonb_build_array(LEAST((e ->> 0)::float8, x.at_ms),
-                                                            (e ->> 1)::bigint - x.jobs_left)
-                                END)
-               FROM jsonb_array_elements(c.rate_log) AS e
-               LEFT JOIN swept AS x ON x.grant_id = (e ->> 2)::bigint
-               WHERE (e ->> 0)::float8
-                     > extract(epoch FROM c.now_at)::float8 * 1000 - c.rate_per_ms), '[]') END
-               AS log
+    -- The rate's log within the window, the deleted grants' entries made final (grant_log.sql).
+    SELECT CASE WHEN c.rate_per_ms IS NOT NULL THEN {{rewritten_log}} END AS log
     FROM control AS c
 ),
 counts AS MATERIALIZED (

@@ -631,9 +631,8 @@ impl<D: Driver> PostgresQueue<D> {
                     } else if spent {
                         // Spent to its end: what is left of it counts until a grant statement
                         // deletes it (this handle's next, unless it goes without grants
-                        // meanwhile; then it expires), which, under a rate, logs the jobs its
-                        // claims took (a grant deleted otherwise stays logged as all started
-                        // at its expiry).
+                        // meanwhile: then any handle's once it expired), which, under a rate,
+                        // logs the jobs its claims took (grant_log.sql).
                         inner.grants.lock().expect("grants lock").spent.push(grant);
                     } else {
                         inner.grants.lock().expect("grants lock").idle.push(grant);

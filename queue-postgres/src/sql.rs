@@ -56,6 +56,7 @@ pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const GRANT: Template = template!("grant.sql");
 pub(crate) const CLAIM_GRANTED: Template = template!("claim_granted.sql");
 pub(crate) const RETURN_GRANT: Template = template!("return_grant.sql");
+const GRANT_LOG: Template = template!("grant_log.sql");
 pub(crate) const SET_ROOM_GRANTS: Template = template!("set_room_grants.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -587,6 +588,25 @@ const GRANTING: &str = "(c.room_grants \
      AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL \
           OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)))";
 
+/// What a statement that deletes grants returns of each (`grant_log.sql` reads it): its id, its
+/// jobs left as the delete read the row (after any claim on it that held it committed: final),
+/// and the instant after, in epoch milliseconds (past every start of its claims).
+const SWEPT_RETURNING: &str =
+    "g.grant_id, g.jobs_left, extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms";
+
+/// `grant_log.sql` for the log `log` of the row `row` (its alias) at the instant `now_ms`
+/// (SQL expressions).
+fn grant_log(row: &str, now_ms: &str) -> Result<String, PgError> {
+    render(
+        GRANT_LOG,
+        &[
+            ("log", &format!("{row}.rate_log")),
+            ("per_ms", &format!("{row}.rate_per_ms")),
+            ("now_ms", now_ms),
+        ],
+    )
+}
+
 /// The share of the room a queue's limits leave that one grant may take (`grant.sql`): the
 /// others' grants take shares of the rest, and the claims under the lock what is left.
 pub(crate) const GRANT_SHARE: u32 = 4;
@@ -926,11 +946,27 @@ impl Sql {
                 &[
                     ("granting", GRANTING),
                     ("grant_share", &GRANT_SHARE.to_string()),
+                    ("swept_returning", SWEPT_RETURNING),
+                    (
+                        "rewritten_log",
+                        &grant_log("c", "extract(epoch FROM c.now_at)::float8 * 1000")?,
+                    ),
                 ],
             )?
             .into(),
             claim_granted: claim_granted(table)?.into(),
-            return_grant: r(RETURN_GRANT)?,
+            return_grant: for_table_with(
+                RETURN_GRANT,
+                table,
+                &[
+                    ("swept_returning", SWEPT_RETURNING),
+                    (
+                        "rewritten_log",
+                        &grant_log("c", "extract(epoch FROM clock_timestamp())::float8 * 1000")?,
+                    ),
+                ],
+            )?
+            .into(),
             set_room_grants: r(SET_ROOM_GRANTS)?,
             fold_starts: r(FOLD_STARTS)?,
             set_limits: for_table_with(

@@ -2,8 +2,8 @@
 //! docs/adr/0004-room-grants.md): the grants' room is counted by every other claim, spent
 //! only once, and given back when the grant's row goes (returned, expired, or the limits or
 //! the switch changed), whatever writes the queue's row; under a queue rate a grant counts
-//! whole in the rate's log until the grant statement deletes it (then as its claims' jobs) or
-//! a window after its expiry.
+//! whole in the rate's log until a grant statement or its handle deletes it (then as its
+//! claims' jobs) or a window after its expiry.
 
 mod support;
 
@@ -503,6 +503,39 @@ async fn a_grant_deleted_by_the_grant_statement_is_logged_as_its_claims_took() {
     );
     assert_eq!((log[1].1, log[1].2), (8, Some(second)));
     assert_eq!(claim_under_lock(&mut conn, 40).await, 27, "40 - 5 - 8");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A grant its handle returns because its claim found nothing due (`return_grant.sql`) is
+/// logged from then on as the jobs its claims took, at the return: of a grant of ten the
+/// handle's claims took three, and the lock then leaves 37 of the rate's forty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_returned_idle_is_logged_as_its_claims_took() {
+    let db = TestDb::new().await;
+    let queue = granting::<Sqlx>(&db, forty_a_minute(), plain_jobs(3)).await;
+    assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 3);
+    assert_eq!(
+        count(&db, "SELECT jobs_left FROM queue_jobs_grants").await,
+        7,
+        "a grant of ten, three taken"
+    );
+    assert!(queue.claim(req(5)).await.unwrap().jobs.is_empty());
+    assert_eq!(grants(&db).await, 0, "returned");
+    let log: Vec<(f64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT (e ->> 0)::float8 - extract(epoch FROM clock_timestamp())::float8 * 1000,
+                (e ->> 1)::bigint, (e ->> 2)::bigint
+         FROM queue_jobs_queues AS c CROSS JOIN LATERAL jsonb_array_elements(c.rate_log) AS e",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].0 <= 0.0, "at the return, past: {log:?}");
+    assert_eq!((log[0].1, log[0].2), (3, None), "the jobs its claims took");
+    queue.enqueue_many(plain_jobs(50)).await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_under_lock(&mut conn, 50).await, 37, "40 - 3");
     drop(conn);
     db.drop_db().await;
 }
