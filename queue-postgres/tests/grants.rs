@@ -119,6 +119,40 @@ async fn claim_on(
         .count())
 }
 
+/// A claim of `batch` under the queue's lock (`claim_limited.sql`) on `conn`: the jobs it took.
+async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    sqlx::query(sqlx::AssertSqlSafe(locked))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("locked")
+        .bind(7_i64)
+        .bind(Vec::<i64>::new())
+        .fetch_all(conn)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|row| row.get::<Option<String>, _>("marker").is_none())
+        .count()
+}
+
+/// The default queue's rate log, oldest first: each entry's instant less the clock's (ahead of
+/// it when positive), in milliseconds, its jobs and its grant's id (none but for a grant's).
+async fn rate_log(db: &TestDb) -> Vec<(f64, i64, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT (e ->> 0)::float8 - extract(epoch FROM clock_timestamp())::float8 * 1000,
+                (e ->> 1)::bigint, (e ->> 2)::bigint
+         FROM queue_jobs_queues AS c CROSS JOIN LATERAL jsonb_array_elements(c.rate_log) AS e
+         WHERE c.queue = 'default'
+         ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
 /// Asserts that `claim` is `claim_granted.sql`'s refusal, which undid everything it wrote.
 fn assert_refused(claim: Result<usize, sqlx::Error>) {
     let err = claim.expect_err("the claim on the grant is refused");
@@ -174,22 +208,11 @@ async fn the_lock_counts_the_jobs_granted() {
     );
 
     let mut conn = db.pool.acquire().await.unwrap();
-    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let under_lock: i64 = sqlx::query(sqlx::AssertSqlSafe(locked))
-        .bind("default")
-        .bind(40_i64)
-        .bind(90.0_f64)
-        .bind(5_i32)
-        .bind("locked")
-        .bind(7_i64)
-        .bind(Vec::<i64>::new())
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|row| row.get::<Option<String>, _>("marker").is_none())
-        .count() as i64;
-    assert_eq!(under_lock, 30, "the lock leaves the granted ten");
+    assert_eq!(
+        claim_under_lock(&mut conn, 40).await,
+        30,
+        "the lock leaves the granted ten"
+    );
 
     assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
     assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
@@ -377,25 +400,6 @@ async fn no_grant_near_a_limit_under_a_partition_rate_or_paused() {
     db.drop_db().await;
 }
 
-/// A claim of `batch` under the queue's lock (`claim_limited.sql`) on `conn`: the jobs it took.
-async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
-    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    sqlx::query(sqlx::AssertSqlSafe(locked))
-        .bind("default")
-        .bind(batch)
-        .bind(90.0_f64)
-        .bind(5_i32)
-        .bind("locked")
-        .bind(7_i64)
-        .bind(Vec::<i64>::new())
-        .fetch_all(conn)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|row| row.get::<Option<String>, _>("marker").is_none())
-        .count()
-}
-
 /// At most forty starts a minute.
 fn forty_a_minute() -> QueueLimits {
     QueueLimits {
@@ -482,15 +486,7 @@ async fn a_grant_deleted_by_the_grant_statement_is_logged_as_its_claims_took() {
         .await
         .expect("a second grant");
     assert_eq!(jobs_left, 8, "(40 - 5) / 4");
-    let log: Vec<(f64, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT (e ->> 0)::float8 - extract(epoch FROM clock_timestamp())::float8 * 1000,
-                (e ->> 1)::bigint, (e ->> 2)::bigint
-         FROM queue_jobs_queues AS c CROSS JOIN LATERAL jsonb_array_elements(c.rate_log) AS e
-         ORDER BY 1",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let log = rate_log(&db).await;
     assert_eq!(log.len(), 2, "{log:?}");
     assert!(
         log[0].0 <= 0.0,
@@ -503,6 +499,33 @@ async fn a_grant_deleted_by_the_grant_statement_is_logged_as_its_claims_took() {
     );
     assert_eq!((log[1].1, log[1].2), (8, Some(second)));
     assert_eq!(claim_under_lock(&mut conn, 40).await, 27, "40 - 5 - 8");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A grant whose holder died (nothing returns it) expires; another holder's grant statement
+/// deletes it and logs it from then on as the jobs its claims took, at its expiry: of a grant
+/// of ten a claim took five before the holder went, so the next grant is (40 - 5) / 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_grant_is_logged_as_its_claims_took_at_its_expiry() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, forty_a_minute(), plain_jobs(100)).await;
+    let (first, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, first, 5).await.unwrap(), 5);
+    // Three seconds on (the database's clock, moved for the rows): the grant expired a second ago.
+    queue_postgres::testing::age_rows(&db.pool, &TableName::default(), Duration::from_secs(3))
+        .await;
+    let (second, jobs_left, ..) = ask_grant(&db, 5, None).await.expect("a second grant");
+    assert_eq!(jobs_left, 8, "(40 - 5) / 4");
+    let log = rate_log(&db).await;
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(
+        log[0].0 < -900.0,
+        "the first grant at its expiry, a second or more ago, not at the delete: {log:?}"
+    );
+    assert_eq!((log[0].1, log[0].2), (5, None), "the jobs its claims took");
+    assert_eq!((log[1].1, log[1].2), (8, Some(second)));
     drop(conn);
     db.drop_db().await;
 }
@@ -522,14 +545,7 @@ async fn a_grant_returned_idle_is_logged_as_its_claims_took() {
     );
     assert!(queue.claim(req(5)).await.unwrap().jobs.is_empty());
     assert_eq!(grants(&db).await, 0, "returned");
-    let log: Vec<(f64, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT (e ->> 0)::float8 - extract(epoch FROM clock_timestamp())::float8 * 1000,
-                (e ->> 1)::bigint, (e ->> 2)::bigint
-         FROM queue_jobs_queues AS c CROSS JOIN LATERAL jsonb_array_elements(c.rate_log) AS e",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let log = rate_log(&db).await;
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(log[0].0 <= 0.0, "at the return, past: {log:?}");
     assert_eq!((log[0].1, log[0].2), (3, None), "the jobs its claims took");

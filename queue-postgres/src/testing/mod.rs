@@ -334,6 +334,17 @@ pub async fn age_rows(pool: &PgPool, table: &TableName, by: Duration) {
     .execute(pool)
     .await
     .expect("age the claims not yet folded");
+    // Room granted to queue handles ages with the rate log that holds it.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}_grants\" SET
+            expires_at = expires_at - make_interval(secs => $1),
+            granted_at = granted_at - make_interval(secs => $1)",
+        table.as_str()
+    )))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await
+    .expect("age the grants");
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE {} SET partition_tally = partition_tally || jsonb_build_object(
              'since', (partition_tally ->> 'since')::float8 - $1 * 1000,
