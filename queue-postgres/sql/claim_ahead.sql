@@ -221,6 +221,8 @@ row_locked AS MATERIALIZED (
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + 1,
+        -- This release counts room grants (table migration 20261213000001, the fence).
+        grants_counted = NOT c.grants_counted,
         counted_claims = c.counted_claims + 1,
         counted_jobs = c.counted_jobs + n.new_jobs,
         {{count_slots}},

@@ -36,6 +36,8 @@ flight_claims AS (
 logged AS (
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
+        -- This release counts room grants (table migration 20261213000001, the fence).
+        grants_counted = NOT c.grants_counted,
         counted_claims = c.counted_claims
                          + CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 1 ELSE 0 END,
         counted_jobs = c.counted_jobs + (SELECT count(*) FROM claimed WHERE NOT taken_over),

@@ -26,7 +26,10 @@
 -- at least one batch and c of at least 1 (near a limit nothing is granted). So the limits less
 -- the granted room stay at least 1 (claim_quota.sql applies those). Claims that commit after
 -- the snapshot move jobs from a grant's jobs_left into the in-flight rows, and finished jobs
--- only lower F: the snapshot's sums are never short.
+-- only lower F: the snapshot's sums are never short. J and P leave out what the grants this
+-- statement deletes had left when deleted (the delete reads each row after any claim on it
+-- committed, and no claim spends it after): what their claims took since the snapshot stays
+-- counted, in the snapshot's jobs_left.
 --
 -- The queue's rate (R starts in any window of W): S, the starts its log counts within the
 -- window at the grant's instant (the lock held), and G <= (R - S)/{{grant_share}}. The grant is
@@ -58,18 +61,25 @@ WITH control AS MATERIALIZED (
     FROM "{{table}}_queues" AS c
     WHERE c.queue = $1 AND c.paused_at IS NULL AND {{granting}}
 ),
-granted AS MATERIALIZED (
-    SELECT COALESCE(sum(g.jobs_left), 0)::bigint AS jobs,
-           COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint AS partition_room
-    FROM "{{table}}_grants" AS g
-    WHERE g.queue = $1
-),
 swept AS (
     DELETE FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
       AND (g.expires_at <= clock_timestamp() OR g.jobs_left = 0 OR g.claims_left = 0
            OR g.grant_id = ANY ($6::bigint[]))
     RETURNING {{swept_returning}}
+),
+granted AS MATERIALIZED (
+    -- J and P of the snapshot's grants, less what the grants this statement deleted had left
+    -- once deleted (their final values, swept's): what their claims took after the snapshot
+    -- is in flight but not in the snapshot's rows, so it stays counted; what was left of them
+    -- comes back at once.
+    SELECT (SELECT COALESCE(sum(g.jobs_left), 0)
+            FROM "{{table}}_grants" AS g WHERE g.queue = $1)::bigint
+           - (SELECT COALESCE(sum(x.jobs_left), 0) FROM swept AS x)::bigint AS jobs,
+           (SELECT COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)
+            FROM "{{table}}_grants" AS g WHERE g.queue = $1)::bigint
+           - (SELECT COALESCE(sum(LEAST(x.per_claim::bigint * x.claims_left, x.jobs_left)), 0)
+              FROM swept AS x)::bigint AS partition_room
 ),
 logged AS MATERIALIZED (
     -- The rate's log within the window, the deleted grants' entries made final (grant_log.sql).
@@ -130,6 +140,8 @@ counted AS (
     -- grants' entries made final and the new grant's appended.
     UPDATE "{{table}}_queues" AS c
     SET claims = c.claims + CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN 1 ELSE 0 END,
+        -- This release counts room grants (table migration 20261213000001, the fence).
+        grants_counted = NOT c.grants_counted,
         rate_log = CASE WHEN o.rate_per_ms IS NULL THEN c.rate_log ELSE
             (SELECT log FROM logged)
             || COALESCE((SELECT jsonb_agg(jsonb_build_array(

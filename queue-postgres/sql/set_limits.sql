@@ -51,6 +51,8 @@ SET claims = c.claims
                          -- holds the old ones must fail.
                          OR (EXCLUDED.max_per_partition IS NOT NULL AND NOT {{row_slots_whole}})
                     THEN 1 ELSE 0 END,
+    -- This release counts room grants (table migration 20261213000001, the fence).
+    grants_counted = NOT c.grants_counted,
     max_in_flight = EXCLUDED.max_in_flight,
     rate_starts = EXCLUDED.rate_starts,
     rate_per_ms = EXCLUDED.rate_per_ms,

@@ -1,5 +1,6 @@
--- Switches room grants (grant.sql) on or off for a queue: the operator's promise that every
--- worker of the queue runs a release that counts grants (docs/operations.md, "Room grants").
+-- Switches room grants (grant.sql) on or off for a queue (docs/operations.md, "Room grants";
+-- an older release's claims fail while grants are held: the fence, table migration
+-- 20261213000001).
 --
 -- Parameters: $1 queue; $2 on. Returns whether it is on. A change deletes the queue's grants
 -- (the table's trigger, table migration 20261212000001) and moves the claims counter, so
@@ -12,5 +13,7 @@ ON CONFLICT (queue) DO UPDATE
 SET room_grants = EXCLUDED.room_grants,
     claims = c.claims + CASE WHEN c.room_grants IS DISTINCT FROM EXCLUDED.room_grants
                              THEN 1 ELSE 0 END,
+    -- This release counts room grants (table migration 20261213000001, the fence).
+    grants_counted = NOT c.grants_counted,
     updated_at = now()
 RETURNING room_grants

@@ -391,10 +391,12 @@ impl<D: Driver> PostgresQueue<D> {
     /// room for several claims at once, which it spends without the queue's row lock, and every
     /// other claim counts that room against the limits. Off by default.
     ///
-    /// Switch it on only once every worker and tool of the queue runs a release that counts
-    /// grants: an older release's claims would not, and could pass the limits beside a handle
-    /// that holds room. A change deletes the queue's grants (their claims fail and claim again
-    /// under the lock). Returns whether it is on. Each handle sees the change within a second.
+    /// An older release's claims do not count grants, and could pass the limits beside a
+    /// handle that holds room: the fence (table migration `20261213000001`) fails them while
+    /// the queue holds a grant, so during a rolling upgrade the older workers claim nothing
+    /// until none is held. A change deletes the queue's grants (their claims fail and claim
+    /// again under the lock). Returns whether it is on. Each handle sees the change within a
+    /// second.
     pub async fn set_room_grants(&self, on: bool) -> Result<bool, PgError> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;

@@ -111,7 +111,7 @@ pub(crate) fn required_index_suffixes() -> impl Iterator<Item = &'static str> {
 
 /// The columns of `<table>_queues` that the claim of a limited queue reads, with the table
 /// migration that adds them and what for.
-const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 16] = [
+const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 17] = [
     ("max_in_flight", 20261205000001, "queue limits"),
     ("rate_starts", 20261205000001, "queue limits"),
     ("rate_per_ms", 20261205000001, "queue limits"),
@@ -128,14 +128,17 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 16] = [
     ("counted_slots", 20261211000001, "claim slots"),
     ("slotted_claims", 20261211000001, "claim slots"),
     ("room_grants", 20261212000001, "room grants"),
+    ("grants_counted", 20261213000001, "the fence of room grants"),
 ];
 
-/// Whether the table's companions are all there as the latest table migration leaves them:
-/// `<table>_queues` with every column the limited claims read, and the other tables.
-pub(crate) fn companions_complete(facts: &TableFacts) -> bool {
+/// Whether the table's companions are all there as the table migrations through `through`
+/// leave them (`None`: all of them): `<table>_queues` with every column the limited claims
+/// read, and the other tables.
+pub(crate) fn companions_complete(facts: &TableFacts, through: Option<i64>) -> bool {
     facts.has_controls_table
         && CONTROLS_LIMITS_COLUMNS
             .iter()
+            .filter(|(_, version, _)| through.is_none_or(|through| *version <= through))
             .all(|(name, _, _)| facts.controls_columns.iter().any(|c| c == name))
         && facts.has_schedules_table
         && facts.has_partition_starts_table
@@ -349,7 +352,8 @@ mod tests {
                 20261209000001,
                 20261210000001,
                 20261211000001,
-                20261212000001
+                20261212000001,
+                20261213000001
             ]
         );
     }
@@ -444,6 +448,7 @@ mod tests {
             ("counted_jobs", 20261210000001),
             ("slotted_claims", 20261211000001),
             ("room_grants", 20261212000001),
+            ("grants_counted", 20261213000001),
         ] {
             let mut facts = complete.clone();
             facts.controls_columns.retain(|name| name != column);

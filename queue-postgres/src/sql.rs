@@ -100,7 +100,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 12] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 13] = [
     (
         20261130000001,
         "queue jobs",
@@ -197,11 +197,24 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 12] = [
             text: include_str!("../migrations/20261212000001_room_grants.sql"),
         },
     ),
+    (
+        20261213000001,
+        "grant fence",
+        Template {
+            name: "20261213000001_grant_fence.sql",
+            text: include_str!("../migrations/20261213000001_grant_fence.sql"),
+        },
+    ),
 ];
 
 /// The first table migration the legacy upgrade's columns phase renders as it is, after
 /// `upgrade_legacy_columns.sql` (which states the earlier ones' columns itself).
 pub(crate) const UPGRADE_COLUMNS_RENDER_FROM: i64 = 20261212000001;
+
+/// The last table migration the legacy upgrade's columns phase renders. The phase is frozen
+/// there: a service commits it as a migration of its own, so its text never changes; each later
+/// table migration is a step of its own ([`crate::UpgradePhase::TableMigrations`]).
+pub(crate) const UPGRADE_COLUMNS_RENDER_THROUGH: i64 = 20261212000001;
 
 /// The names of a queue table's columns.
 pub(crate) mod col {
@@ -588,11 +601,12 @@ const GRANTING: &str = "(c.room_grants \
      AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL \
           OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)))";
 
-/// What a statement that deletes grants returns of each (`grant_log.sql` reads it): its id, its
-/// jobs left as the delete read the row (after any claim on it that held it committed: final),
-/// and the instant after, in epoch milliseconds (past every start of its claims).
-const SWEPT_RETURNING: &str =
-    "g.grant_id, g.jobs_left, extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms";
+/// What a statement that deletes grants returns of each (`grant_log.sql` and `grant.sql`'s
+/// sizing read it): its id, its jobs and claims left as the delete read the row (after any
+/// claim on it that held it committed: final), its per-claim share, and the instant after, in
+/// epoch milliseconds (past every start of its claims).
+const SWEPT_RETURNING: &str = "g.grant_id, g.jobs_left, g.claims_left, g.per_claim, \
+     extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms";
 
 /// `grant_log.sql` for the log `log` of the row `row` (its alias) at the instant `now_ms`
 /// (SQL expressions).

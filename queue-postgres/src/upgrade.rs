@@ -8,7 +8,11 @@
 //! | [`UpgradePhase::Backfill`] | `finished_at` of terminal rows, in batches of the primary key | row locks on one batch, one short transaction per batch |
 //! | [`UpgradePhase::Indexes`] | each lease index `CREATE INDEX CONCURRENTLY` (an invalid leftover dropped first) | `SHARE UPDATE EXCLUSIVE`: readers and writers go on |
 //! | [`UpgradePhase::RetireIndexes`] | the legacy indexes named by the caller, `DROP INDEX CONCURRENTLY` | the same |
+//! | [`UpgradePhase::TableMigrations`] | each framework table migration later than the columns phase, as it is | its own (catalog changes of the queue's companion tables: `ACCESS EXCLUSIVE` on them for milliseconds), under `lock_timeout`, tried again with backoff |
 //!
+//! The columns phase is frozen: a service that committed it as a migration of its own keeps
+//! its text. Table migrations of later releases come as steps of their own, at the end, so
+//! that the files committed before keep their places too.
 //! Every phase can be run again: columns and indexes are skipped when present and valid, the
 //! backfill stamps only what is left. [`PostgresQueue::upgrade_legacy_table`] runs the phases
 //! on either driver and reports progress; [`LegacyUpgrade::migration_files`] gives the same
@@ -39,6 +43,8 @@ pub enum UpgradePhase {
     Indexes,
     /// Legacy indexes the lease schema supersedes, dropped concurrently.
     RetireIndexes,
+    /// The framework's table migrations later than the columns phase's, one step each.
+    TableMigrations,
 }
 
 impl UpgradePhase {
@@ -49,6 +55,7 @@ impl UpgradePhase {
             UpgradePhase::Backfill => "backfill",
             UpgradePhase::Indexes => "indexes",
             UpgradePhase::RetireIndexes => "retire-indexes",
+            UpgradePhase::TableMigrations => "table-migrations",
         }
     }
 }
@@ -91,7 +98,8 @@ pub struct UpgradeProgress {
 /// What [`PostgresQueue::upgrade_legacy_table`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpgradeReport {
-    /// Whether the columns were added (false: they were all there).
+    /// Whether the columns, or a later table migration's objects, were added (false: they
+    /// were all there).
     pub columns_added: bool,
     /// Tries (of the `ALTER` or of a backfill batch) that ran into `lock_timeout`, a shorter
     /// `statement_timeout` or a deadlock, and were made again.
@@ -217,12 +225,14 @@ impl LegacyUpgrade {
     }
 
     /// The columns phase: `upgrade_legacy_columns.sql`, then the table migrations whose
-    /// objects it does not state itself (room grants, `20261212000001`, rendered as they are),
-    /// so that the table ends on the current schema.
+    /// objects it does not state itself, through the one it is frozen at (room grants,
+    /// `20261212000001`, rendered as they are). The later ones are steps of their own.
     fn columns(&self) -> Result<String, PgError> {
         let mut text = self.render(sql::UPGRADE_LEGACY_COLUMNS, &[])?;
         for (version, _, template) in sql::TABLE_MIGRATIONS {
-            if version >= sql::UPGRADE_COLUMNS_RENDER_FROM {
+            if (sql::UPGRADE_COLUMNS_RENDER_FROM..=sql::UPGRADE_COLUMNS_RENDER_THROUGH)
+                .contains(&version)
+            {
                 let migration = self.render(template, &[])?;
                 text.push_str(";\n\n");
                 text.push_str(migration.trim_end_matches(';'));
@@ -262,6 +272,15 @@ impl LegacyUpgrade {
                 sql: format!("DROP INDEX CONCURRENTLY IF EXISTS \"{index}\""),
             });
         }
+        for (version, description, template) in sql::TABLE_MIGRATIONS {
+            if version > sql::UPGRADE_COLUMNS_RENDER_THROUGH {
+                steps.push(UpgradeStep {
+                    phase: UpgradePhase::TableMigrations,
+                    name: format!("{version} {description}"),
+                    sql: self.render(template, &[])?,
+                });
+            }
+        }
         Ok(steps)
     }
 
@@ -297,6 +316,17 @@ impl LegacyUpgrade {
                     format!("drop_{}", step.name),
                     format!("-- no-transaction\n{};\n", step.sql),
                 ),
+                UpgradePhase::TableMigrations => {
+                    // "20261213000001 grant fence" -> "<table>_grant_fence".
+                    let description = step.name.split_once(' ').map_or("", |(_, d)| d);
+                    (
+                        format!("{}_{}", self.table, description.replace(' ', "_")),
+                        format!(
+                            "SET LOCAL lock_timeout = '{timeout_ms}ms';\n{};\n",
+                            step.sql.trim_end_matches(';')
+                        ),
+                    )
+                }
             };
             files.push(MigrationFile { description, sql });
         }
@@ -487,6 +517,9 @@ async fn run_steps<D: Driver>(
                 D::batch_execute(D::pooled(&mut conn), &step.sql).await?;
                 report.indexes_retired.push(step.name.clone());
             }
+            UpgradePhase::TableMigrations => {
+                table_migration::<D>(pool, upgrade, step, &mut report).await?
+            }
         }
         if step.phase != UpgradePhase::Backfill {
             progress(&UpgradeProgress {
@@ -519,7 +552,30 @@ async fn add_columns<D: Driver>(
     let missing = sql::COLUMNS
         .iter()
         .any(|(name, _)| !facts.columns.iter().any(|(have, _)| have == name));
-    if !missing && crate::schema::companions_complete(&facts) {
+    if !missing
+        && crate::schema::companions_complete(&facts, Some(sql::UPGRADE_COLUMNS_RENDER_THROUGH))
+    {
+        return Ok(());
+    }
+    with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
+    report.columns_added = true;
+    Ok(())
+}
+
+/// A table migration later than the columns phase: skipped when the table's companions are
+/// complete (even a no-op `ALTER` takes `ACCESS EXCLUSIVE`), else run as it is (it may be run
+/// again) under the columns' lock retries.
+async fn table_migration<D: Driver>(
+    pool: &D::Pool,
+    upgrade: &LegacyUpgrade,
+    step: &UpgradeStep,
+    report: &mut UpgradeReport,
+) -> Result<(), PgError> {
+    let facts = {
+        let mut conn = D::acquire(pool).await?;
+        statement::table_facts::<D>(D::pooled(&mut conn), &upgrade.table).await?
+    };
+    if crate::schema::companions_complete(&facts, None) {
         return Ok(());
     }
     with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
@@ -775,6 +831,25 @@ mod tests {
             files[0]
                 .sql
                 .starts_with("SET LOCAL lock_timeout = '500ms';")
+        );
+        // The later table migrations come last, each in a transaction of its own.
+        let later = sql::TABLE_MIGRATIONS
+            .iter()
+            .filter(|(version, _, _)| *version > sql::UPGRADE_COLUMNS_RENDER_THROUGH)
+            .count();
+        let (files, later_files) = files.split_at(files.len() - later);
+        assert_eq!(later_files[0].description, "invoice_jobs_grant_fence");
+        for file in later_files {
+            assert!(
+                file.sql.starts_with("SET LOCAL lock_timeout = '500ms';"),
+                "{}",
+                file.sql
+            );
+            assert!(!file.sql.contains("{{"), "{}", file.sql);
+        }
+        assert!(
+            !files[0].sql.contains("grants_counted"),
+            "the columns are frozen"
         );
         for file in &files[1..] {
             assert!(file.sql.starts_with("-- no-transaction\n"), "{}", file.sql);

@@ -287,8 +287,8 @@ async fn two_claims_spend_a_grants_last_room_once() {
 }
 
 /// A grant counts until its row is deleted: an expired one is refused to its claims, still
-/// counted by the lock, and deleted by the next grant statement (which then grants from the
-/// room it gave back).
+/// counted by the lock, and deleted by the next grant statement, which grants from the room it
+/// gave back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_grant_is_refused_and_its_room_comes_back() {
     let db = TestDb::new().await;
@@ -302,23 +302,15 @@ async fn an_expired_grant_is_refused_and_its_room_comes_back() {
     let mut conn = db.pool.acquire().await.unwrap();
     assert_refused(claim_on(&mut conn, grant, 5).await);
     assert_eq!(in_flight(&db).await, 0);
-    // Still counted: three more grants of a quarter each fit beside its ten, as before expiry.
-    let (second, jobs_left, ..) = ask_grant(&db, 5, None).await.expect("a second grant");
-    assert_eq!(jobs_left, 7, "(40 - 10) / 4: the expired grant was counted");
+    // Still counted by the lock: 40 less its ten.
+    assert_eq!(claim_under_lock(&mut conn, 35).await, 30);
+    // The next grant statement deletes it, and its ten are room again at once: (40 - 30) / 4.
+    let (_, jobs_left, ..) = ask_grant(&db, 2, None).await.expect("a second grant");
+    assert_eq!(
+        jobs_left, 2,
+        "(40 - 30) / 4: the expired grant's room came back"
+    );
     assert_eq!(grants(&db).await, 1, "the expired grant was deleted");
-    // A grant the statement deletes still counts in it (a claim on it may commit meanwhile),
-    // and no more after it.
-    let (third, jobs_left, ..) = ask_grant(&db, 5, Some(second)).await.expect("a third");
-    assert_eq!(
-        jobs_left, 8,
-        "(40 - 7) / 4: the returned grant counted once more"
-    );
-    assert_eq!(grants(&db).await, 1, "the returned grant was deleted");
-    let (_, jobs_left, ..) = ask_grant(&db, 5, Some(third)).await.expect("a fourth");
-    assert_eq!(
-        jobs_left, 8,
-        "(40 - 8) / 4: the second grant's room came back"
-    );
     drop(conn);
     db.drop_db().await;
 }
@@ -712,4 +704,108 @@ async fn a_handle_claims_on_grants_sqlx() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_claims_on_grants_tokio_postgres() {
     a_handle_claims_on_grants::<queue_postgres::TokioPostgres>().await;
+}
+
+/// The fence of room grants (table migration 20261213000001): a claim of a release that does
+/// not count grants (this release's claim under the lock without the flip of `grants_counted`
+/// that says it does) fails while the queue holds a grant, undone, naming the queue; so does an
+/// older tool's write of the claims counter. This release's claim beside it goes through, and
+/// once the grants are gone the older claim does too (nothing is granted for it to pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_does_not_count_grants_is_fenced_while_grants_are_held() {
+    let db = TestDb::new().await;
+    let queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
+    let (_, granted, _, _) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(granted, 10);
+
+    let this_release = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    let older = this_release.replace("grants_counted = NOT c.grants_counted,", "");
+    assert_ne!(older, this_release, "the claim flips grants_counted");
+    let claim_older = |sql: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind("default")
+                .bind(5_i64)
+                .bind(90.0_f64)
+                .bind(5_i32)
+                .bind("older")
+                .bind(7_i64)
+                .bind(Vec::<i64>::new())
+                .fetch_all(&pool)
+                .await
+                .map(|rows| rows.len())
+        }
+    };
+    let claims_before = claims_counter(&db).await;
+    let err = claim_older(older.clone()).await.expect_err("fenced");
+    let server = err.as_database_error().expect("the server refused it");
+    assert_eq!(server.code().as_deref(), Some("QG001"), "{err}");
+    assert!(
+        server.message().contains("queue default holds room grants"),
+        "{err}"
+    );
+    assert_eq!(in_flight(&db).await, 0, "the fenced claim left nothing");
+    assert_eq!(claims_counter(&db).await, claims_before);
+    let tool = sqlx::raw_sql("UPDATE queue_jobs_queues SET claims = claims + 1")
+        .execute(&db.pool)
+        .await
+        .expect_err("an older tool's write is fenced too");
+    assert_eq!(
+        tool.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("QG001")
+    );
+
+    // This release's claim under the lock counts the grant: 40 less its 10.
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_under_lock(&mut conn, 5).await, 5);
+    drop(conn);
+
+    // Without grants, the older claim goes through.
+    queue.set_room_grants(false).await.unwrap();
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM queue_jobs_grants").await,
+        0
+    );
+    assert_eq!(claim_older(older).await.unwrap(), 5);
+    assert_eq!(in_flight(&db).await, 10);
+    db.drop_db().await;
+}
+
+/// What a grant the grant statement deletes had left comes back in that statement: of a grant
+/// of ten a claim took five, and when its holder returns it through the next grant statement,
+/// that grant is a quarter of the 35 left by the five in flight (eight), not of the 30 left if
+/// the deleted grant's five still counted (seven).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_deleted_by_the_grant_statement_gives_its_room_back_at_once() {
+    let db = TestDb::new().await;
+    let _queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
+    let (first, jobs, _, _) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(jobs, 10);
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, first, 5).await.unwrap(), 5);
+    let (_, jobs, _, _) = ask_grant(&db, 5, Some(first)).await.expect("a grant");
+    assert_eq!(jobs, 8, "(40 - 5 in flight) / 4");
+    db.drop_db().await;
+}
+
+/// The same for max_per_partition: under 72, a grant of eight claims gets two jobs of a
+/// partition a claim (72 / 32), and one claim takes two of partition a. Returned through the
+/// next grant statement, its least of per_claim * claims_left and jobs_left (2 * 7) no longer
+/// counts: the next grant's share is (72 - 2) / 32 = 2 again, not (72 - 2 - 14) / 32 = 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_grant_gives_its_share_of_a_partition_back_at_once() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(72),
+        ..QueueLimits::NONE
+    };
+    let _queue = granting::<Sqlx>(&db, limits, partitioned_jobs(60, "a")).await;
+    let (first, _, claims, per_claim) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!((claims, per_claim), (8, 2));
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, first, 5).await.unwrap(), 2);
+    let (_, _, claims, per_claim) = ask_grant(&db, 5, Some(first)).await.expect("a grant");
+    assert_eq!((claims, per_claim), (8, 2));
+    db.drop_db().await;
 }

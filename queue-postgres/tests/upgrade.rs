@@ -119,7 +119,8 @@ async fn schema_check_rejects_a_legacy_table_and_the_upgrade_heals_its_stranded_
             UpgradePhase::Columns,
             UpgradePhase::Backfill,
             UpgradePhase::Indexes,
-            UpgradePhase::RetireIndexes
+            UpgradePhase::RetireIndexes,
+            UpgradePhase::TableMigrations
         ]
     );
     let names = indexes(&db.pool, "invoice_jobs").await;
@@ -206,9 +207,10 @@ async fn the_upgraded_table_has_the_schema_of_a_table_created_new<D: TestDriver>
 }
 
 /// A table the legacy upgrade of an earlier release brought to the lease schema, before room
-/// grants (table migration 20261212000001): the schema check names that migration, and running
-/// the upgrade again adds its objects (the columns phase is not skipped while a companion is
-/// missing), after which the grants' trigger works on the table.
+/// grants (table migration 20261212000001) and their fence (20261213000001): the schema check
+/// names both migrations, and running the upgrade again adds their objects (the columns phase
+/// is not skipped while a companion is missing, and the fence is a step of its own), after
+/// which the grants' triggers work on the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
     type D = queue_postgres::Sqlx;
@@ -222,7 +224,10 @@ async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
          DROP TRIGGER invoice_jobs_grants_reset ON invoice_jobs_queues;
          DROP TRIGGER invoice_jobs_grants_gone ON invoice_jobs_queues;
          DROP FUNCTION invoice_jobs_grants_reset();
-         ALTER TABLE invoice_jobs_queues DROP COLUMN room_grants;",
+         ALTER TABLE invoice_jobs_queues DROP COLUMN room_grants;
+         DROP TRIGGER invoice_jobs_grants_fence ON invoice_jobs_queues;
+         DROP FUNCTION invoice_jobs_grants_fence();
+         ALTER TABLE invoice_jobs_queues DROP COLUMN grants_counted;",
     )
     .execute(&db.pool)
     .await
@@ -232,9 +237,12 @@ async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("20261212000001"), "{err}");
-    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+    assert!(err.contains("20261213000001"), "{err}");
+    let mut seen = Vec::new();
+    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |p| seen.push(p.phase))
         .await
         .unwrap();
+    assert!(seen.contains(&UpgradePhase::TableMigrations), "{seen:?}");
     PostgresQueue::<D>::check_schema(&pool, &table())
         .await
         .unwrap();
@@ -255,6 +263,24 @@ async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
     assert_eq!(
         grants, 0,
         "the trigger deleted the grant when the limit changed"
+    );
+    // The fence is back: a write of the claims counter that does not say it counts grants
+    // fails while the queue holds one.
+    sqlx::raw_sql(
+        "INSERT INTO invoice_jobs_grants (queue, jobs_left, claims_left, per_claim, expires_at)
+             VALUES ('invoices', 2, 8, 1, now() + interval '1 second')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let fenced = sqlx::raw_sql("UPDATE invoice_jobs_queues SET claims = claims + 1")
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fenced.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("QG001"),
+        "{fenced}"
     );
     db.drop_db().await;
 }

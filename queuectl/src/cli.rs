@@ -184,9 +184,10 @@ pub enum QueueCommand {
         rate_per_partition: Option<queue_core::RateLimit>,
     },
     /// Switch room grants on or off: with limits in flight or a queue rate (no rate per
-    /// partition), each worker's queue handle takes room for several claims at once and spends it without the queue's
-    /// row lock. Switch it on only once every worker and tool of the queue runs a release that
-    /// counts grants (docs/operations.md, "Room grants"). A change returns every grant.
+    /// partition), each worker's queue handle takes room for several claims at once and spends
+    /// it without the queue's row lock. While grants are held, claims of an older release that
+    /// does not count them fail (the fence, table migration 20261213000001; docs/operations.md,
+    /// "Room grants"). A change returns every grant.
     Grants {
         /// `on` or `off`.
         #[arg(value_enum)]

@@ -128,6 +128,7 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         include_str!("../migrations/20260301000011_receipt_jobs_claim_counts.sql"),
         include_str!("../migrations/20260301000012_receipt_jobs_claim_slots.sql"),
         include_str!("../migrations/20260301000013_receipt_jobs_room_grants.sql"),
+        include_str!("../migrations/20260301000014_receipt_jobs_grant_fence.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();
