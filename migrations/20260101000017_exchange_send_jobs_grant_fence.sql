@@ -10,15 +10,12 @@ ALTER TABLE "exchange_send_jobs_queues"
 CREATE OR REPLACE FUNCTION "exchange_send_jobs_grants_fence"() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM "exchange_send_jobs_grants" WHERE queue = NEW.queue) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'QG001',
-            MESSAGE = format('queue %s holds room grants, and this write of its claims counter '
-                             'comes from a release that does not count them', NEW.queue),
-            HINT = 'Run a release that counts room grants on every worker and tool of the '
-                   'queue, or switch room grants off with one.';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION USING
+        ERRCODE = 'QG001',
+        MESSAGE = format('queue %s has room grants on, and this write of its claims counter '
+                         'comes from a release that does not count them', NEW.queue),
+        HINT = 'Run a release that counts room grants on every worker and tool of the queue, '
+               'or switch room grants off.';
 END
 $$;
 
@@ -27,6 +24,7 @@ DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_fence" ON "exchange_send_jobs_
 CREATE TRIGGER "exchange_send_jobs_grants_fence"
     BEFORE UPDATE ON "exchange_send_jobs_queues"
     FOR EACH ROW
-    WHEN (NEW.claims IS DISTINCT FROM OLD.claims
+    WHEN (NEW.room_grants
+          AND NEW.claims IS DISTINCT FROM OLD.claims
           AND NEW.grants_counted IS NOT DISTINCT FROM OLD.grants_counted)
     EXECUTE FUNCTION "exchange_send_jobs_grants_fence"();

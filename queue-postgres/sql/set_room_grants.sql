@@ -1,5 +1,5 @@
 -- Switches room grants (grant.sql) on or off for a queue (docs/operations.md, "Room grants";
--- an older release's claims fail while grants are held: the fence, table migration
+-- an older release's claims fail while it is on: the fence, table migration
 -- 20261213000001).
 --
 -- Parameters: $1 queue; $2 on. Returns whether it is on. A change deletes the queue's grants

@@ -393,8 +393,8 @@ impl<D: Driver> PostgresQueue<D> {
     ///
     /// An older release's claims do not count grants, and could pass the limits beside a
     /// handle that holds room: the fence (table migration `20261213000001`) fails them while
-    /// the queue holds a grant, so during a rolling upgrade the older workers claim nothing
-    /// until none is held. A change deletes the queue's grants (their claims fail and claim
+    /// the switch is on, so switch it on once every worker runs this release (older workers
+    /// claim nothing while it is on). A change deletes the queue's grants (their claims fail and claim
     /// again under the lock). Returns whether it is on. Each handle sees the change within a
     /// second.
     pub async fn set_room_grants(&self, on: bool) -> Result<bool, PgError> {

@@ -98,8 +98,8 @@ pub struct UpgradeProgress {
 /// What [`PostgresQueue::upgrade_legacy_table`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpgradeReport {
-    /// Whether the columns, or a later table migration's objects, were added (false: they
-    /// were all there).
+    /// Whether the columns were added (false: they were all there, and the columns phase
+    /// took no lock). The later table migrations run every time.
     pub columns_added: bool,
     /// Tries (of the `ALTER` or of a backfill batch) that ran into `lock_timeout`, a shorter
     /// `statement_timeout` or a deadlock, and were made again.
@@ -562,24 +562,17 @@ async fn add_columns<D: Driver>(
     Ok(())
 }
 
-/// A table migration later than the columns phase: skipped when the table's companions are
-/// complete (even a no-op `ALTER` takes `ACCESS EXCLUSIVE`), else run as it is (it may be run
-/// again) under the columns' lock retries.
+/// A table migration later than the columns phase, run as it is (it may be run again) under
+/// the columns' lock retries. Run every time: it changes the queue's companion tables only
+/// (`ACCESS EXCLUSIVE` on them for milliseconds), and its objects are not all columns the
+/// schema check sees (a trigger dropped by hand comes back).
 async fn table_migration<D: Driver>(
     pool: &D::Pool,
     upgrade: &LegacyUpgrade,
     step: &UpgradeStep,
     report: &mut UpgradeReport,
 ) -> Result<(), PgError> {
-    let facts = {
-        let mut conn = D::acquire(pool).await?;
-        statement::table_facts::<D>(D::pooled(&mut conn), &upgrade.table).await?
-    };
-    if crate::schema::companions_complete(&facts, None) {
-        return Ok(());
-    }
     with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
-    report.columns_added = true;
     Ok(())
 }
 

@@ -622,10 +622,13 @@ async fn no_claim_ahead_beside_grants() {
     // Off, a claim ahead goes ahead, and one that meets the switch turned on at its end fails.
     queue.set_room_grants(false).await.unwrap();
     let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("UPDATE queue_jobs_queues SET room_grants = true, claims = claims + 1")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs_queues
+         SET room_grants = true, claims = claims + 1, grants_counted = NOT grants_counted",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
     let pool = db.pool.clone();
     let waiting = tokio::spawn(async move {
         let mut conn = pool.acquire().await.unwrap();
@@ -706,69 +709,148 @@ async fn a_handle_claims_on_grants_tokio_postgres() {
     a_handle_claims_on_grants::<queue_postgres::TokioPostgres>().await;
 }
 
-/// The fence of room grants (table migration 20261213000001): a claim of a release that does
-/// not count grants (this release's claim under the lock without the flip of `grants_counted`
-/// that says it does) fails while the queue holds a grant, undone, naming the queue; so does an
-/// older tool's write of the claims counter. This release's claim beside it goes through, and
-/// once the grants are gone the older claim does too (nothing is granted for it to pass).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_does_not_count_grants_is_fenced_while_grants_are_held() {
-    let db = TestDb::new().await;
-    let queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
-    let (_, granted, _, _) = ask_grant(&db, 5, None).await.expect("a grant");
-    assert_eq!(granted, 10);
-
+/// An older release's claim under the lock, made of this release's: it counts no granted room
+/// against the limits, and does not flip `grants_counted` (which says a write counts grants:
+/// the fence, table migration 20261213000001).
+fn older_claim_sql() -> String {
     let this_release = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    let older = this_release.replace("grants_counted = NOT c.grants_counted,", "");
-    assert_ne!(older, this_release, "the claim flips grants_counted");
-    let claim_older = |sql: String| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind("default")
-                .bind(5_i64)
-                .bind(90.0_f64)
-                .bind(5_i32)
-                .bind("older")
-                .bind(7_i64)
-                .bind(Vec::<i64>::new())
-                .fetch_all(&pool)
-                .await
-                .map(|rows| rows.len())
-        }
-    };
-    let claims_before = claims_counter(&db).await;
-    let err = claim_older(older.clone()).await.expect_err("fenced");
+    assert_eq!(
+        this_release.matches("WHEN c.room_grants AND").count(),
+        2,
+        "the claim counts grants against max_in_flight and max_per_partition"
+    );
+    let older = this_release
+        .replace("WHEN c.room_grants AND", "WHEN false AND")
+        .replace("grants_counted = NOT c.grants_counted,", "");
+    assert!(!older.contains("grants_counted"), "the claim flips it once");
+    older
+}
+
+/// Runs [`older_claim_sql`] for a batch of `batch` on `conn`: the rows it returned.
+async fn claim_as_older(
+    conn: &mut sqlx::PgConnection,
+    batch: i64,
+) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(older_claim_sql()))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("older")
+        .bind(7_i64)
+        .bind(Vec::<i64>::new())
+        .fetch_all(conn)
+        .await
+}
+
+/// Asserts that `result` is the fence's refusal (SQLSTATE QG001), naming the queue.
+fn assert_fenced<T: std::fmt::Debug>(result: Result<T, sqlx::Error>) {
+    let err = result.expect_err("fenced");
     let server = err.as_database_error().expect("the server refused it");
     assert_eq!(server.code().as_deref(), Some("QG001"), "{err}");
     assert!(
-        server.message().contains("queue default holds room grants"),
+        server
+            .message()
+            .contains("queue default has room grants on"),
         "{err}"
     );
+}
+
+/// The fence of room grants: while the switch is on, a claim of a release that does not count
+/// grants fails, undone, whether a grant is held or not; so does an older tool's write of the
+/// claims counter. This release's claim beside it goes through, and once the switch is off
+/// (an older tool may turn it off) the older claim does too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_does_not_count_grants_is_fenced_while_the_switch_is_on() {
+    let db = TestDb::new().await;
+    let _queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
+    let (grant, granted, _, _) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(granted, 10);
+    let mut conn = db.pool.acquire().await.unwrap();
+    let claims_before = claims_counter(&db).await;
+    assert_fenced(claim_as_older(&mut conn, 5).await);
     assert_eq!(in_flight(&db).await, 0, "the fenced claim left nothing");
     assert_eq!(claims_counter(&db).await, claims_before);
-    let tool = sqlx::raw_sql("UPDATE queue_jobs_queues SET claims = claims + 1")
-        .execute(&db.pool)
-        .await
-        .expect_err("an older tool's write is fenced too");
-    assert_eq!(
-        tool.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("QG001")
+    assert_fenced(
+        sqlx::raw_sql("UPDATE queue_jobs_queues SET claims = claims + 1")
+            .execute(&db.pool)
+            .await,
     );
 
     // This release's claim under the lock counts the grant: 40 less its 10.
-    let mut conn = db.pool.acquire().await.unwrap();
-    assert_eq!(claim_under_lock(&mut conn, 5).await, 5);
-    drop(conn);
+    assert_eq!(claim_under_lock(&mut conn, 40).await, 30);
+    // No grant held, the switch on: still fenced.
+    sqlx::query("DELETE FROM queue_jobs_grants WHERE grant_id = $1")
+        .bind(grant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_fenced(claim_as_older(&mut conn, 5).await);
 
-    // Without grants, the older claim goes through.
-    queue.set_room_grants(false).await.unwrap();
-    assert_eq!(
-        count(&db, "SELECT count(*) FROM queue_jobs_grants").await,
-        0
+    // An older tool turns the switch off (its write moves claims); the older claim goes on.
+    sqlx::raw_sql("UPDATE queue_jobs_queues SET room_grants = false, claims = claims + 1")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let taken = claim_as_older(&mut conn, 5).await.unwrap();
+    assert_eq!(taken.len(), 5);
+    assert_eq!(in_flight(&db).await, 35);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// The fence holds on the switch, not on the grants' rows: an older claim counts the jobs in
+/// flight from its snapshot, and a grant whose claim committed after that snapshot may be gone
+/// by the time the older claim writes the queue's row. Here a grant statement holds the lock
+/// while the older claim (snapshot taken, nothing in flight) waits for it; a claim on the grant
+/// puts two jobs in flight; the grant statement deletes the spent grant and grants nothing (a
+/// batch of five does not fit a quarter of the eight left), so the claims counter does not move
+/// and the older claim is not stale by its own check. It must fail: it would take ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_claim_whose_snapshot_predates_a_grant_spent_and_deleted_is_fenced() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_in_flight: Some(10),
+        ..QueueLimits::NONE
+    };
+    let _queue = granting::<Sqlx>(&db, limits, plain_jobs(30)).await;
+    let (grant, granted, _, _) = ask_grant(&db, 2, None).await.expect("a grant");
+    assert_eq!(granted, 2, "10 / 4");
+
+    let [lock, grant_sql] = queue_postgres::testing::grant_sql(&TableName::default());
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(lock))
+        .bind("default")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let older = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        claim_as_older(&mut conn, 10).await.map(|rows| rows.len())
+    });
+    support::wait_for_a_lock_wait(&db, "the older claim never waited").await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 2).await.unwrap(), 2);
+    let granted = sqlx::query(sqlx::AssertSqlSafe(grant_sql))
+        .bind("default")
+        .bind("test")
+        .bind(5_i64)
+        .bind(8_i64)
+        .bind(2000_i64)
+        .bind(vec![grant])
+        .fetch_optional(&mut *holder)
+        .await
+        .unwrap();
+    assert!(
+        granted.is_none(),
+        "(10 - 2) / 4 is short of a batch of five"
     );
-    assert_eq!(claim_older(older).await.unwrap(), 5);
-    assert_eq!(in_flight(&db).await, 10);
+    holder.commit().await.unwrap();
+    assert_eq!(grants(&db).await, 0, "the spent grant was deleted");
+    assert_fenced(older.await.unwrap());
+    assert_eq!(in_flight(&db).await, 2, "never more than the limit");
+    drop(conn);
     db.drop_db().await;
 }
 

@@ -185,7 +185,7 @@ pub enum QueueCommand {
     },
     /// Switch room grants on or off: with limits in flight or a queue rate (no rate per
     /// partition), each worker's queue handle takes room for several claims at once and spends
-    /// it without the queue's row lock. While grants are held, claims of an older release that
+    /// it without the queue's row lock. While it is on, claims of an older release that
     /// does not count them fail (the fence, table migration 20261213000001; docs/operations.md,
     /// "Room grants"). A change returns every grant.
     Grants {
