@@ -28,3 +28,20 @@ CREATE TRIGGER "exchange_send_jobs_grants_fence"
           AND NEW.claims IS DISTINCT FROM OLD.claims
           AND NEW.grants_counted IS NOT DISTINCT FROM OLD.grants_counted)
     EXECUTE FUNCTION "exchange_send_jobs_grants_fence"();
+
+CREATE OR REPLACE FUNCTION "exchange_send_jobs_grants_switched"() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.claims := OLD.claims + 1;
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_switched" ON "exchange_send_jobs_queues";
+
+CREATE TRIGGER "exchange_send_jobs_grants_switched"
+    BEFORE UPDATE ON "exchange_send_jobs_queues"
+    FOR EACH ROW
+    WHEN (NEW.room_grants IS DISTINCT FROM OLD.room_grants
+          AND NEW.claims IS NOT DISTINCT FROM OLD.claims)
+    EXECUTE FUNCTION "exchange_send_jobs_grants_switched"();

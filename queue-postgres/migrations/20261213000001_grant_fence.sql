@@ -9,6 +9,12 @@
 -- the older claim writes the row (a return or a sweep moves no counter), so no grant would be
 -- left to see. A switch turned on moves claims, so an older claim that began before it is
 -- stale by its own check. Turning the switch off passes (it deletes the grants).
+--
+-- So that every claim whose snapshot predates a change of the switch is stale, a write that
+-- changes it without moving claims (by hand) moves claims too (the trigger
+-- {{table}}_grants_switched, which fires after the fence: triggers fire by name). Otherwise a
+-- claim whose snapshot holds a grant's room, spent since by claims it does not see, would read
+-- the switch off on the newest row and count no grant.
 ALTER TABLE "{{table}}_queues"
     ADD COLUMN IF NOT EXISTS grants_counted boolean NOT NULL DEFAULT false;
 
@@ -33,3 +39,20 @@ CREATE TRIGGER "{{table}}_grants_fence"
           AND NEW.claims IS DISTINCT FROM OLD.claims
           AND NEW.grants_counted IS NOT DISTINCT FROM OLD.grants_counted)
     EXECUTE FUNCTION "{{table}}_grants_fence"();
+
+CREATE OR REPLACE FUNCTION "{{table}}_grants_switched"() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.claims := OLD.claims + 1;
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS "{{table}}_grants_switched" ON "{{table}}_queues";
+
+CREATE TRIGGER "{{table}}_grants_switched"
+    BEFORE UPDATE ON "{{table}}_queues"
+    FOR EACH ROW
+    WHEN (NEW.room_grants IS DISTINCT FROM OLD.room_grants
+          AND NEW.claims IS NOT DISTINCT FROM OLD.claims)
+    EXECUTE FUNCTION "{{table}}_grants_switched"();

@@ -891,3 +891,44 @@ async fn a_deleted_grant_gives_its_share_of_a_partition_back_at_once() {
     assert_eq!((claims, per_claim), (8, 2));
     db.drop_db().await;
 }
+
+/// A switch turned off by hand (a write that moves no counter) still makes every claim whose
+/// snapshot predates it stale (the trigger `<table>_grants_switched` moves the claims counter):
+/// here a claim under the lock takes its snapshot while the hand's transaction holds the row,
+/// a claim on a grant of ten puts them in flight meanwhile, and the hand turns the switch off,
+/// which deletes the grant. Read with the switch off, the claim would count no grant and, from
+/// its snapshot, nothing in flight: forty more under a limit of forty. It claims nothing, and
+/// the next claim takes the thirty left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_turned_off_by_hand_makes_older_snapshots_stale() {
+    let db = TestDb::new().await;
+    let _queue = granting::<Sqlx>(&db, FORTY_IN_FLIGHT, plain_jobs(60)).await;
+    let (grant, granted, _, _) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(granted, 10);
+
+    let mut hand = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queue_jobs_queues WHERE queue = 'default' FOR UPDATE")
+        .execute(&mut *hand)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let locked = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        claim_under_lock(&mut conn, 40).await
+    });
+    support::wait_for_a_lock_wait(&db, "the claim never waited").await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 5);
+    sqlx::query("UPDATE queue_jobs_queues SET room_grants = false")
+        .execute(&mut *hand)
+        .await
+        .unwrap();
+    hand.commit().await.unwrap();
+    assert_eq!(grants(&db).await, 0, "turning the switch off deleted the grant");
+    assert_eq!(locked.await.unwrap(), 0, "stale: it claimed nothing");
+    assert_eq!(in_flight(&db).await, 10);
+    assert_eq!(claim_under_lock(&mut conn, 40).await, 30);
+    assert_eq!(in_flight(&db).await, 40, "never more than the limit");
+    db.drop_db().await;
+}
