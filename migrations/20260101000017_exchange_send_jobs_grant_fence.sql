@@ -29,7 +29,7 @@ CREATE TRIGGER "exchange_send_jobs_grants_fence"
           AND NEW.grants_counted IS NOT DISTINCT FROM OLD.grants_counted)
     EXECUTE FUNCTION "exchange_send_jobs_grants_fence"();
 
-CREATE OR REPLACE FUNCTION "exchange_send_jobs_grants_switched"() RETURNS trigger
+CREATE OR REPLACE FUNCTION "exchange_send_jobs_grants_switch"() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     NEW.claims := OLD.claims + 1;
@@ -37,11 +37,11 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_switched" ON "exchange_send_jobs_queues";
+DROP TRIGGER IF EXISTS "exchange_send_jobs_grants_switch" ON "exchange_send_jobs_queues";
 
-CREATE TRIGGER "exchange_send_jobs_grants_switched"
+CREATE TRIGGER "exchange_send_jobs_grants_switch"
     BEFORE UPDATE ON "exchange_send_jobs_queues"
     FOR EACH ROW
     WHEN (NEW.room_grants IS DISTINCT FROM OLD.room_grants
           AND NEW.claims IS NOT DISTINCT FROM OLD.claims)
-    EXECUTE FUNCTION "exchange_send_jobs_grants_switched"();
+    EXECUTE FUNCTION "exchange_send_jobs_grants_switch"();

@@ -12,7 +12,7 @@
 --
 -- So that every claim whose snapshot predates a change of the switch is stale, a write that
 -- changes it without moving claims (by hand) moves claims too (the trigger
--- {{table}}_grants_switched, which fires after the fence: triggers fire by name). Otherwise a
+-- {{table}}_grants_switch, which fires after the fence: triggers fire by name). Otherwise a
 -- claim whose snapshot holds a grant's room, spent since by claims it does not see, would read
 -- the switch off on the newest row and count no grant.
 ALTER TABLE "{{table}}_queues"
@@ -40,7 +40,7 @@ CREATE TRIGGER "{{table}}_grants_fence"
           AND NEW.grants_counted IS NOT DISTINCT FROM OLD.grants_counted)
     EXECUTE FUNCTION "{{table}}_grants_fence"();
 
-CREATE OR REPLACE FUNCTION "{{table}}_grants_switched"() RETURNS trigger
+CREATE OR REPLACE FUNCTION "{{table}}_grants_switch"() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     NEW.claims := OLD.claims + 1;
@@ -48,11 +48,11 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS "{{table}}_grants_switched" ON "{{table}}_queues";
+DROP TRIGGER IF EXISTS "{{table}}_grants_switch" ON "{{table}}_queues";
 
-CREATE TRIGGER "{{table}}_grants_switched"
+CREATE TRIGGER "{{table}}_grants_switch"
     BEFORE UPDATE ON "{{table}}_queues"
     FOR EACH ROW
     WHEN (NEW.room_grants IS DISTINCT FROM OLD.room_grants
           AND NEW.claims IS NOT DISTINCT FROM OLD.claims)
-    EXECUTE FUNCTION "{{table}}_grants_switched"();
+    EXECUTE FUNCTION "{{table}}_grants_switch"();

@@ -131,6 +131,35 @@ const CONTROLS_LIMITS_COLUMNS: [(&str, i64, &str); 17] = [
     ("grants_counted", 20261213000001, "the fence of room grants"),
 ];
 
+/// The triggers of `<table>_queues` that room grants rest on: `(suffix, a column of the same
+/// migration, the migration, what for)`.
+const CONTROLS_TRIGGERS: [(&str, &str, i64, &str); 4] = [
+    (
+        "grants_reset",
+        "room_grants",
+        20261212000001,
+        "deletes grants when the limits change",
+    ),
+    (
+        "grants_gone",
+        "room_grants",
+        20261212000001,
+        "deletes grants with the queue's row",
+    ),
+    (
+        "grants_fence",
+        "grants_counted",
+        20261213000001,
+        "the fence of room grants",
+    ),
+    (
+        "grants_switch",
+        "grants_counted",
+        20261213000001,
+        "a change of the switch makes older snapshots stale",
+    ),
+];
+
 /// Whether the table's companions are all there as the table migrations through `through`
 /// leave them (`None`: all of them): `<table>_queues` with every column the limited claims
 /// read, and the other tables.
@@ -159,6 +188,8 @@ pub(crate) struct TableFacts {
     pub(crate) has_controls_table: bool,
     /// The columns of the queue controls table.
     pub(crate) controls_columns: Vec<String>,
+    /// The enabled triggers of the queue controls table, by name.
+    pub(crate) controls_triggers: Vec<String>,
     /// Whether the recorded schedules' table (`<table>_schedules`) exists.
     pub(crate) has_schedules_table: bool,
     /// Whether the partitions' start logs table (`<table>_starts`) exists.
@@ -240,6 +271,19 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
                     absent.join(", ")
                 ));
             }
+        }
+    }
+    // The triggers room grants rest on, once their migrations' columns are there (a missing
+    // column is named above): dropped or disabled by hand, the limits could be passed.
+    for (suffix, column, version, what) in CONTROLS_TRIGGERS {
+        let name = format!("{table}_{suffix}");
+        if facts.controls_columns.iter().any(|c| c == column)
+            && !facts.controls_triggers.contains(&name)
+        {
+            missing.push(format!(
+                "trigger {name} on {table}_queues, enabled ({what}, table migration {version}: \
+                 run table_migration_sql(table, {version}) again)"
+            ));
         }
     }
     if !facts.has_schedules_table {
@@ -372,6 +416,7 @@ mod tests {
             invalid_indexes: vec!["queue_jobs_due_idx".into()],
             has_controls_table: false,
             controls_columns: vec![],
+            controls_triggers: vec![],
             has_schedules_table: false,
             has_partition_starts_table: false,
             has_claim_starts_table: false,
@@ -424,6 +469,10 @@ mod tests {
                 .map(|(name, _, _)| name.to_string())
                 .chain(["queue".to_owned(), "paused_at".to_owned()])
                 .collect(),
+            controls_triggers: CONTROLS_TRIGGERS
+                .iter()
+                .map(|(suffix, _, _, _)| format!("queue_jobs_{suffix}"))
+                .collect(),
             has_schedules_table: true,
             has_partition_starts_table: true,
             has_claim_starts_table: true,
@@ -459,6 +508,40 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// The triggers room grants rest on are checked once their migration's columns are there:
+    /// one dropped or disabled by hand is named with its migration.
+    #[test]
+    fn the_schema_check_names_a_trigger_of_room_grants_that_is_gone() {
+        let table = TableName::default();
+        let complete = with_every_column(
+            required_index_suffixes()
+                .map(|suffix| format!("queue_jobs_{suffix}"))
+                .collect(),
+        );
+        for (suffix, _, version, _) in CONTROLS_TRIGGERS {
+            let mut facts = complete.clone();
+            facts
+                .controls_triggers
+                .retain(|name| *name != format!("queue_jobs_{suffix}"));
+            let text = evaluate_schema(&table, &facts).unwrap_err().to_string();
+            assert!(
+                text.contains(&format!("trigger queue_jobs_{suffix} on queue_jobs_queues"))
+                    && text.contains(&version.to_string()),
+                "{text}"
+            );
+        }
+        // Before the fence's migration its triggers are not asked for (its column is named).
+        let mut before = complete.clone();
+        before
+            .controls_columns
+            .retain(|name| name != "grants_counted");
+        before
+            .controls_triggers
+            .retain(|name| !name.contains("fence"));
+        let text = evaluate_schema(&table, &before).unwrap_err().to_string();
+        assert!(!text.contains("trigger"), "{text}");
     }
 
     /// No statement needs `<table>_lease_idx` any more (the claim's expired pick reads the expiry

@@ -89,6 +89,7 @@ pub(crate) const SCHEDULES: Template = template!("schedules.sql");
 pub(crate) const FORGET_SCHEDULE: Template = template!("forget_schedule.sql");
 pub(crate) const CLAIMS_RUNNING: Template = template!("claims_running.sql");
 pub(crate) const TABLE_EXISTS: Template = template!("table_exists.sql");
+pub(crate) const TABLE_TRIGGERS: Template = template!("table_triggers.sql");
 pub(crate) const UPGRADE_LOCK: Template = template!("upgrade_lock.sql");
 pub(crate) const INDEX_STATE: Template = template!("index_state.sql");
 pub(crate) const UPGRADE_LEGACY_COLUMNS: Template = template!("upgrade_legacy_columns.sql");

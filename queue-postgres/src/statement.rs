@@ -481,14 +481,24 @@ pub(crate) async fn table_facts<D: Driver>(
         relation_exists::<D>(D::reborrow(&mut conn), &exists, &claim_starts).await?;
     let grants = format!("\"{table}_grants\"");
     let has_grants_table = relation_exists::<D>(D::reborrow(&mut conn), &exists, &grants).await?;
-    let controls_columns = if has_controls_table {
-        D::query(conn, &text(sql::TABLE_COLUMNS)?, &(controls.as_str(),))
+    let (controls_columns, controls_triggers) = if has_controls_table {
+        let columns = D::query(
+            D::reborrow(&mut conn),
+            &text(sql::TABLE_COLUMNS)?,
+            &(controls.as_str(),),
+        )
+        .await?
+        .iter()
+        .map(|row| get::<D, String>(row, "name"))
+        .collect::<Result<Vec<_>, PgError>>()?;
+        let triggers = D::query(conn, &text(sql::TABLE_TRIGGERS)?, &(controls.as_str(),))
             .await?
             .iter()
             .map(|row| get::<D, String>(row, "name"))
-            .collect::<Result<Vec<_>, PgError>>()?
+            .collect::<Result<Vec<_>, PgError>>()?;
+        (columns, triggers)
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     Ok(TableFacts {
         columns,
@@ -496,6 +506,7 @@ pub(crate) async fn table_facts<D: Driver>(
         invalid_indexes,
         has_controls_table,
         controls_columns,
+        controls_triggers,
         has_schedules_table,
         has_partition_starts_table,
         has_claim_starts_table,

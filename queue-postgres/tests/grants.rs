@@ -893,7 +893,7 @@ async fn a_deleted_grant_gives_its_share_of_a_partition_back_at_once() {
 }
 
 /// A switch turned off by hand (a write that moves no counter) still makes every claim whose
-/// snapshot predates it stale (the trigger `<table>_grants_switched` moves the claims counter):
+/// snapshot predates it stale (the trigger `<table>_grants_switch` moves the claims counter):
 /// here a claim under the lock takes its snapshot while the hand's transaction holds the row,
 /// a claim on a grant of ten puts them in flight meanwhile, and the hand turns the switch off,
 /// which deletes the grant. Read with the switch off, the claim would count no grant and, from
@@ -925,10 +925,41 @@ async fn a_switch_turned_off_by_hand_makes_older_snapshots_stale() {
         .await
         .unwrap();
     hand.commit().await.unwrap();
-    assert_eq!(grants(&db).await, 0, "turning the switch off deleted the grant");
+    assert_eq!(
+        grants(&db).await,
+        0,
+        "turning the switch off deleted the grant"
+    );
     assert_eq!(locked.await.unwrap(), 0, "stale: it claimed nothing");
     assert_eq!(in_flight(&db).await, 10);
     assert_eq!(claim_under_lock(&mut conn, 40).await, 30);
     assert_eq!(in_flight(&db).await, 40, "never more than the limit");
+    db.drop_db().await;
+}
+
+/// The schema check refuses a table whose fence is gone: a trigger of room grants disabled by
+/// hand is named, with the migration that brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_check_refuses_a_disabled_fence() {
+    let db = TestDb::new().await;
+    let _queue = support::connect_default::<Sqlx>(&db).await;
+    let pool = support::pool::<Sqlx>(&db, 1);
+    PostgresQueue::<Sqlx>::check_schema(&pool, &TableName::default())
+        .await
+        .unwrap();
+    sqlx::raw_sql("ALTER TABLE queue_jobs_queues DISABLE TRIGGER queue_jobs_grants_fence")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = PostgresQueue::<Sqlx>::check_schema(&pool, &TableName::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("trigger queue_jobs_grants_fence on queue_jobs_queues")
+            && err.contains("20261213000001"),
+        "{err}"
+    );
+    drop(pool);
     db.drop_db().await;
 }

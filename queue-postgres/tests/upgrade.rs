@@ -223,8 +223,8 @@ async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
     sqlx::raw_sql(
         "DROP TRIGGER invoice_jobs_grants_fence ON invoice_jobs_queues;
          DROP FUNCTION invoice_jobs_grants_fence();
-         DROP TRIGGER invoice_jobs_grants_switched ON invoice_jobs_queues;
-         DROP FUNCTION invoice_jobs_grants_switched();
+         DROP TRIGGER invoice_jobs_grants_switch ON invoice_jobs_queues;
+         DROP FUNCTION invoice_jobs_grants_switch();
          ALTER TABLE invoice_jobs_queues DROP COLUMN grants_counted;
          DROP TABLE invoice_jobs_grants;
          DROP TRIGGER invoice_jobs_grants_reset ON invoice_jobs_queues;
