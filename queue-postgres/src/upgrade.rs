@@ -13,8 +13,10 @@
 //! The columns phase is frozen: a service that committed it as a migration of its own keeps
 //! its text. Table migrations of later releases come as steps of their own, at the end, so
 //! that the files committed before keep their places too.
+//!
 //! Every phase can be run again: columns and indexes are skipped when present and valid, the
-//! backfill stamps only what is left. [`PostgresQueue::upgrade_legacy_table`] runs the phases
+//! backfill stamps only what is left, the later table migrations run again (they create or
+//! replace their objects). [`PostgresQueue::upgrade_legacy_table`] runs the phases
 //! on either driver and reports progress; [`LegacyUpgrade::migration_files`] gives the same
 //! statements as migration files for a service whose migrator applies them (sqlx's
 //! `-- no-transaction` files for the statements that cannot run in a transaction).
@@ -517,8 +519,11 @@ async fn run_steps<D: Driver>(
                 D::batch_execute(D::pooled(&mut conn), &step.sql).await?;
                 report.indexes_retired.push(step.name.clone());
             }
+            // Run every time: they change the queue's companion tables only (`ACCESS
+            // EXCLUSIVE` on them for milliseconds), and a trigger of theirs dropped or disabled
+            // by hand (the schema check names it) comes back enabled.
             UpgradePhase::TableMigrations => {
-                table_migration::<D>(pool, upgrade, step, &mut report).await?
+                with_lock_retries::<D>(pool, upgrade, &mut report, &step.sql, None).await?;
             }
         }
         if step.phase != UpgradePhase::Backfill {
@@ -559,20 +564,6 @@ async fn add_columns<D: Driver>(
     }
     with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
     report.columns_added = true;
-    Ok(())
-}
-
-/// A table migration later than the columns phase, run as it is (it may be run again) under
-/// the columns' lock retries. Run every time: it changes the queue's companion tables only
-/// (`ACCESS EXCLUSIVE` on them for milliseconds), and its objects are not all columns the
-/// schema check sees (a trigger dropped by hand comes back).
-async fn table_migration<D: Driver>(
-    pool: &D::Pool,
-    upgrade: &LegacyUpgrade,
-    step: &UpgradeStep,
-    report: &mut UpgradeReport,
-) -> Result<(), PgError> {
-    with_lock_retries::<D>(pool, upgrade, report, &step.sql, None).await?;
     Ok(())
 }
 
