@@ -67,13 +67,33 @@ async fn ask_grant_living(
     previous: Option<i64>,
     life: Duration,
 ) -> Option<GrantRow> {
-    let [lock, grant] = queue_postgres::testing::grant_sql(&TableName::default());
     let mut tx = db.pool.begin().await.unwrap();
+    lock_queue(&mut tx).await;
+    let grant = grant_under_lock(&mut tx, batch, previous, life).await;
+    tx.commit().await.unwrap();
+    grant
+}
+
+/// The queue's row locked on `conn` (`lock_queue.sql`), as a handle does before its grant
+/// statement.
+async fn lock_queue(conn: &mut sqlx::PgConnection) {
+    let [lock, _] = queue_postgres::testing::grant_sql(&TableName::default());
     sqlx::query(sqlx::AssertSqlSafe(lock))
         .bind("default")
-        .execute(&mut *tx)
+        .execute(conn)
         .await
         .unwrap();
+}
+
+/// The grant statement (`grant.sql`) on `conn`, whose transaction holds the queue's row lock:
+/// eight claims of `batch`, living `life`, returning `previous`.
+async fn grant_under_lock(
+    conn: &mut sqlx::PgConnection,
+    batch: i64,
+    previous: Option<i64>,
+    life: Duration,
+) -> Option<GrantRow> {
+    let [_, grant] = queue_postgres::testing::grant_sql(&TableName::default());
     let row = sqlx::query(sqlx::AssertSqlSafe(grant))
         .bind("default")
         .bind("test")
@@ -81,10 +101,9 @@ async fn ask_grant_living(
         .bind(8_i64)
         .bind(i64::try_from(life.as_millis()).unwrap())
         .bind(previous.into_iter().collect::<Vec<i64>>())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(conn)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
     row.map(|r| {
         (
             r.get("grant_id"),
@@ -817,13 +836,8 @@ async fn an_older_claim_whose_snapshot_predates_a_grant_spent_and_deleted_is_fen
     let (grant, granted, _, _) = ask_grant(&db, 2, None).await.expect("a grant");
     assert_eq!(granted, 2, "10 / 4");
 
-    let [lock, grant_sql] = queue_postgres::testing::grant_sql(&TableName::default());
     let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(lock))
-        .bind("default")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    lock_queue(&mut holder).await;
     let pool = db.pool.clone();
     let older = tokio::spawn(async move {
         let mut conn = pool.acquire().await.unwrap();
@@ -832,16 +846,7 @@ async fn an_older_claim_whose_snapshot_predates_a_grant_spent_and_deleted_is_fen
     support::wait_for_a_lock_wait(&db, "the older claim never waited").await;
     let mut conn = db.pool.acquire().await.unwrap();
     assert_eq!(claim_on(&mut conn, grant, 2).await.unwrap(), 2);
-    let granted = sqlx::query(sqlx::AssertSqlSafe(grant_sql))
-        .bind("default")
-        .bind("test")
-        .bind(5_i64)
-        .bind(8_i64)
-        .bind(2000_i64)
-        .bind(vec![grant])
-        .fetch_optional(&mut *holder)
-        .await
-        .unwrap();
+    let granted = grant_under_lock(&mut holder, 5, Some(grant), Duration::from_secs(2)).await;
     assert!(
         granted.is_none(),
         "(10 - 2) / 4 is short of a batch of five"
