@@ -59,6 +59,16 @@ struct Inner<D: Driver> {
     _listener: Option<ListenerGuard>,
 }
 
+/// Whether a queue with `limits` and its switch `room_grants` grants room to its handles: the
+/// Rust twin of the statements' `GRANTING` (sql.rs), which reads the queue's row alike.
+fn grants_room(limits: &QueueLimits, room_grants: bool) -> bool {
+    room_grants
+        && limits.rate_per_partition.is_none()
+        && (limits.max_in_flight.is_some()
+            || limits.max_per_partition.is_some()
+            || limits.rate.is_some())
+}
+
 /// How many claims a grant is for at most (`grant.sql`; fewer under a low `max_per_partition`):
 /// its count of the queue's jobs in flight and its write of the queue's row are shared by so
 /// many claims. Workers whose slots free a few at a time make many small claims: eight claims
@@ -467,28 +477,24 @@ impl<D: Driver> PostgresQueue<D> {
         let control =
             statement::control::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue).await?;
         let limits = &control.limits;
-        // As the statements' GRANTING reads the queue's row (sql.rs).
-        let granting = control.room_grants
-            && limits.rate_per_partition.is_none()
-            && (limits.max_in_flight.is_some()
-                || limits.max_per_partition.is_some()
-                || limits.rate.is_some());
-        self.saw_limits(limits, Some(granting));
-        if !granting {
+        self.saw_limits(limits, control.room_grants);
+        if !grants_room(limits, control.room_grants) {
             self.drop_grants().await?;
         }
         Ok(!limits.is_none())
     }
 
-    /// Records `limits` as this handle's latest read of them, and whether the queue grants
-    /// room when the read says (`None`: as last seen).
-    fn saw_limits(&self, limits: &QueueLimits, granting: Option<bool>) {
+    /// Records `limits` as this handle's latest read of them, with the switch of room grants
+    /// read with them: the handle reads the row again only once [`LIMITS_RECHECK`] has passed
+    /// since, so a read that leaves the switch out must not count as one (a handle whose claims
+    /// took the lock at least once a second would never see the switch change).
+    fn saw_limits(&self, limits: &QueueLimits, room_grants: bool) {
         let mut seen = self.inner.limits_seen.lock().expect("limits lock");
         *seen = LimitsSeen {
             at: Some(std::time::Instant::now()),
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
-            granting: granting.unwrap_or(seen.granting),
+            granting: grants_room(limits, room_grants),
         };
     }
 
@@ -767,7 +773,8 @@ impl<D: Driver> PostgresQueue<D> {
             }
         };
         let mut tx = D::begin(&inner.pool).await?;
-        let limits = statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        let (limits, room_grants) =
+            statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
         if form == LimitedForm::Lean && limits.partitioned() {
             // The lock's read of the limits shows what a lean claim would refuse.
             form = LimitedForm::Pick;
@@ -801,7 +808,7 @@ impl<D: Driver> PostgresQueue<D> {
             form = LimitedForm::Turns;
         }
         D::commit(tx).await?;
-        self.saw_limits(&limits, None);
+        self.saw_limits(&limits, room_grants);
         Ok(ClaimBatch { jobs })
     }
 
@@ -1257,7 +1264,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         let control =
             statement::set_limits::<D>(D::in_tx(&mut tx), &inner.sql, queue, &limits).await?;
         D::commit(tx).await?;
-        self.saw_limits(&control.limits, None);
+        self.saw_limits(&control.limits, control.room_grants);
         queue_core::events::queue_limits_set(queue, &limits);
         Ok(control)
     }

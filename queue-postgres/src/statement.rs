@@ -700,11 +700,11 @@ pub(crate) async fn lock_queue<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
-) -> Result<QueueLimits, PgError> {
+) -> Result<(QueueLimits, bool), PgError> {
     let rows = D::query(conn, &sql.lock_queue, &(queue.as_str(),)).await?;
     match rows.first() {
-        Some(row) => queue_limits::<D>(row),
-        None => Ok(QueueLimits::NONE),
+        Some(row) => Ok((queue_limits::<D>(row)?, get::<D, bool>(row, "room_grants")?)),
+        None => Ok((QueueLimits::NONE, false)),
     }
 }
 

@@ -968,3 +968,20 @@ async fn the_schema_check_refuses_a_disabled_fence() {
     drop(pool);
     db.drop_db().await;
 }
+
+/// A handle that switches grants on and then sets the limits claims on a grant at once: the
+/// write of the limits reads the switch with them. It used to keep the switch as last seen
+/// (off) and mark the limits fresh, so the handle claimed under the lock until it read them
+/// again, a second later, or never while its claims took the lock at least once a second (so
+/// did the lock's read of the limits): one bench drain in four ran at the claims ahead's speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_that_sets_the_limits_after_the_switch_claims_on_grants() {
+    let db = TestDb::new().await;
+    let queue = support::connect_default::<Sqlx>(&db).await;
+    queue.enqueue_many(plain_jobs(20)).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    queue.set_limits(FORTY_IN_FLIGHT).await.unwrap();
+    assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 5);
+    assert_eq!(grants(&db).await, 1, "the claim took a grant");
+    db.drop_db().await;
+}
