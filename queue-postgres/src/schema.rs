@@ -162,13 +162,23 @@ const CONTROLS_TRIGGERS: [(&str, &str, i64, &str); 4] = [
 
 /// Whether the table's companions are all there as the table migrations through `through`
 /// leave them (`None`: all of them): `<table>_queues` with every column the limited claims
-/// read, and the other tables.
+/// read and the triggers of room grants, enabled, and the other tables.
 pub(crate) fn companions_complete(facts: &TableFacts, through: Option<i64>) -> bool {
+    let upto = |version: i64| through.is_none_or(|through| version <= through);
     facts.has_controls_table
         && CONTROLS_LIMITS_COLUMNS
             .iter()
-            .filter(|(_, version, _)| through.is_none_or(|through| *version <= through))
+            .filter(|(_, version, _)| upto(*version))
             .all(|(name, _, _)| facts.controls_columns.iter().any(|c| c == name))
+        && CONTROLS_TRIGGERS
+            .iter()
+            .filter(|(_, _, version, _)| upto(*version))
+            .all(|(suffix, _, _, _)| {
+                facts
+                    .controls_triggers
+                    .iter()
+                    .any(|name| name.strip_suffix(suffix).is_some_and(|t| t.ends_with('_')))
+            })
         && facts.has_schedules_table
         && facts.has_partition_starts_table
         && facts.has_claim_starts_table

@@ -768,3 +768,36 @@ async fn the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish<D: TestD
     }
     db.drop_db().await;
 }
+
+/// A trigger of room grants dropped by hand from a table the upgrade brought to the lease
+/// schema (its columns all there): the schema check names it, and running the upgrade again
+/// brings it back (the columns phase is not skipped while a trigger it creates is missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_run_again_brings_back_a_trigger_dropped_by_hand() {
+    type D = queue_postgres::Sqlx;
+    let db = legacy_db("").await;
+    let pool = support::pool::<D>(&db, 2);
+    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    sqlx::raw_sql("DROP TRIGGER invoice_jobs_grants_reset ON invoice_jobs_queues")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = PostgresQueue::<D>::check_schema(&pool, &table())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("trigger invoice_jobs_grants_reset") && err.contains("20261212000001"),
+        "{err}"
+    );
+    let report = PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    assert!(report.columns_added, "the columns phase ran again");
+    PostgresQueue::<D>::check_schema(&pool, &table())
+        .await
+        .unwrap();
+    db.drop_db().await;
+}
