@@ -207,6 +207,17 @@ async fn the_upgraded_table_has_the_schema_of_a_table_created_new<D: TestDriver>
     db.drop_db().await;
 }
 
+/// A legacy table with no rows, brought to the lease schema by the upgrade, and a pool of two
+/// connections on its database (the upgrade's advisory lock holds one).
+async fn upgraded_legacy_db() -> (TestDb, sqlx::PgPool) {
+    let db = legacy_db("").await;
+    let pool = support::pool::<queue_postgres::Sqlx>(&db, 2);
+    PostgresQueue::<queue_postgres::Sqlx>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
+        .await
+        .unwrap();
+    (db, pool)
+}
+
 /// A table the legacy upgrade of an earlier release brought to the lease schema, before room
 /// grants (table migration 20261212000001) and their fence (20261213000001): the schema check
 /// names both migrations, and running the upgrade again adds their objects (the columns phase
@@ -215,11 +226,7 @@ async fn the_upgraded_table_has_the_schema_of_a_table_created_new<D: TestDriver>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_run_again_adds_what_later_migrations_brought() {
     type D = queue_postgres::Sqlx;
-    let db = legacy_db("").await;
-    let pool = support::pool::<D>(&db, 2);
-    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
-        .await
-        .unwrap();
+    let (db, pool) = upgraded_legacy_db().await;
     sqlx::raw_sql(
         "DROP TRIGGER invoice_jobs_grants_fence ON invoice_jobs_queues;
          DROP FUNCTION invoice_jobs_grants_fence();
@@ -775,11 +782,7 @@ async fn the_upgrade_reaches_every_id_and_refuses_what_it_cannot_finish<D: TestD
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_run_again_brings_back_a_trigger_dropped_by_hand() {
     type D = queue_postgres::Sqlx;
-    let db = legacy_db("").await;
-    let pool = support::pool::<D>(&db, 2);
-    PostgresQueue::<D>::upgrade_legacy_table(&pool, &upgrade(), |_| {})
-        .await
-        .unwrap();
+    let (db, pool) = upgraded_legacy_db().await;
     sqlx::raw_sql("DROP TRIGGER invoice_jobs_grants_reset ON invoice_jobs_queues")
         .execute(&db.pool)
         .await
