@@ -120,56 +120,26 @@ async fn a_row_another_transaction_holds_holds_up_no_other_renewal<D: TestDriver
 /// borrower's statements would otherwise run inside it and never commit.
 async fn a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool<D: TestDriver>() {
     let db = TestDb::new().await;
-    let queue = support::connect_single::<D>(&db, PgQueueConfig::default()).await;
-    let in_transaction = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction'",
-        )
-        .fetch_one(&db.pool)
+    // Through a proxy that holds the BEGIN's reply: the server runs the BEGIN while its caller
+    // still waits, every time (racing the reply from here lost on a loaded machine).
+    let proxy = support::proxy::Proxy::start().await;
+    let url = proxy.url(&db);
+    let queue = D::connect(&url, D::pool(&url, 1), PgQueueConfig::default())
         .await
-        .unwrap()
-    };
-    // Whether the server shows the BEGIN ran within `patience`, the begin not polled meanwhile.
-    let ran_within = |patience: Duration| async move {
-        let until = std::time::Instant::now() + patience;
-        loop {
-            if in_transaction().await > 0 {
-                return true;
-            }
-            if std::time::Instant::now() > until {
-                return false;
-            }
-            tokio::task::yield_now().await;
-        }
-    };
-    let mut reached = false;
-    for _ in 0..20 {
-        let mut begin = std::pin::pin!(queue.begin());
-        // Poll the begin one step at a time (never to its end); after each step, give the
-        // server a moment to show a BEGIN that step sent (the pool's own steps come first).
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let finished = loop {
-            let polled =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
-            if let std::task::Poll::Ready(tx) = polled {
-                break Some(tx.unwrap());
-            }
-            if ran_within(Duration::from_secs(1)).await {
-                break None;
-            }
-            assert!(std::time::Instant::now() < deadline, "the BEGIN never ran");
-        };
-        match finished {
-            // The answer came back before the server was asked: no window this time.
-            Some(tx) => tx.rollback().await.unwrap(),
-            None => {
-                reached = true;
-                break;
-            }
-        }
+        .unwrap();
+    // The pool's one connection, open before the hold.
+    queue.begin().await.unwrap().rollback().await.unwrap();
+    proxy.hold_replies_after(b"BEGIN");
+    tokio::select! {
+        _ = queue.begin() => panic!("the BEGIN was answered while its reply was held"),
+        () = support::wait_for_activity(
+            &db,
+            "state = 'idle in transaction'",
+            "the BEGIN never ran on the server",
+        ) => {}
     }
-    assert!(reached, "no BEGIN was ever dropped in flight");
+    // The begin is dropped with its BEGIN run and the reply on the wire; the reply goes now.
+    proxy.release();
     sqlx::raw_sql("CREATE TABLE marker AS SELECT clock_timestamp() AS at")
         .execute(&db.pool)
         .await

@@ -14,6 +14,8 @@ use sqlx::PgPool;
 
 pub use queue_postgres::testing::ScratchDb as TestDb;
 
+pub mod proxy;
+
 /// Ages the rows of `table` by `by` (see `queue_postgres::testing::age_rows`).
 pub async fn shift_time(pool: &PgPool, table: &str, by: Duration) {
     let table = TableName::new(table).expect("a valid table name");
