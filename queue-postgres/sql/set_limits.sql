@@ -5,7 +5,8 @@
 -- Parameters: $1 queue; $2 max_in_flight (int4, NULL: none); $3 rate_starts (int4); $4
 -- rate_per_ms (int8; both NULL: no rate); $5 max_per_partition (int4, NULL: none); $6
 -- partition_rate_starts (int4) and $7 partition_rate_per_ms (int8; both NULL: no rate per
--- partition). Returns the controls after the change. Without a rate per partition, the
+-- partition); $8 the switch room_grants of a row it creates (note_served.sql; a row written
+-- before keeps its own). Returns the controls after the change. Without a rate per partition, the
 -- partitions' logs of claims are deleted (a rate set later counts from then on), with the
 -- claims not yet folded into them and the queue's tally (claim_quota.sql). A rate per partition
 -- set where there was none starts its tally complete and empty (no claim before it counts);
@@ -26,7 +27,7 @@ forgotten_claims AS (
 )
 INSERT INTO "{{table}}_queues" AS c (queue, max_in_flight, rate_starts, rate_per_ms, max_per_partition,
                                      partition_rate_starts, partition_rate_per_ms, partition_tally,
-                                     partition_slots, counted_slots)
+                                     partition_slots, counted_slots, room_grants)
 SELECT $1, $2, $3, $4, $5, $6, $7,
        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
             THEN jsonb_build_object(
@@ -36,7 +37,8 @@ SELECT $1, $2, $3, $4, $5, $6, $7,
        CASE WHEN $6::integer IS NOT NULL AND $7::bigint IS NOT NULL
             THEN array_fill(0, ARRAY[{{slot_count}}])
        END,
-       CASE WHEN $5::integer IS NOT NULL THEN array_fill(0::bigint, ARRAY[{{flight_slot_count}}]) END
+       CASE WHEN $5::integer IS NOT NULL THEN array_fill(0::bigint, ARRAY[{{flight_slot_count}}]) END,
+       $8::boolean
 FROM (SELECT floor(extract(epoch FROM clock_timestamp())::float8 * 1000
                    / $7::bigint)::bigint AS bucket) AS w
 ON CONFLICT (queue) DO UPDATE

@@ -21,6 +21,16 @@ pub struct PgQueueConfig {
     /// [`queue_core::limits::DEFAULT_MAX_PAYLOAD_BYTES`], 1 MiB); a larger one is refused with
     /// `InvalidInput::PayloadTooLarge` before anything is written.
     pub max_payload_bytes: usize,
+    /// Whether a queue whose row in `<table>_queues` this handle writes first (its first
+    /// limits, pause, served mark or fenced outcome) starts with room grants switched on
+    /// (default true; docs/operations.md, "Room grants"). A queue that already has its row
+    /// keeps its switch, which only [`PostgresQueue::set_room_grants`] (or
+    /// `queuectl queue grants`) changes. Set it to false while workers of a release without
+    /// the fence of room grants may still claim from new queues: the fence makes them claim
+    /// nothing from a queue whose switch is on.
+    ///
+    /// [`PostgresQueue::set_room_grants`]: crate::PostgresQueue::set_room_grants
+    pub room_grants_for_new_queues: bool,
 }
 
 impl Default for PgQueueConfig {
@@ -31,6 +41,7 @@ impl Default for PgQueueConfig {
             notify_on_enqueue: true,
             listen: true,
             max_payload_bytes: queue_core::limits::DEFAULT_MAX_PAYLOAD_BYTES,
+            room_grants_for_new_queues: true,
         }
     }
 }

@@ -399,7 +399,9 @@ impl<D: Driver> PostgresQueue<D> {
     /// grants"): while on, a queue with limits in flight (`max_in_flight`,
     /// `max_per_partition`) or a rate, and no rate per partition, grants each worker's handle
     /// room for several claims at once, which it spends without the queue's row lock, and every
-    /// other claim counts that room against the limits. Off by default.
+    /// other claim counts that room against the limits. A queue's row starts with the switch
+    /// of the handle that writes it first ([`PgQueueConfig::room_grants_for_new_queues`], on
+    /// by default); this changes it after.
     ///
     /// An older release's claims do not count grants, and could pass the limits beside a
     /// handle that holds room: the fence (table migration `20261213000001`) fails them while
@@ -1047,16 +1049,25 @@ impl<D: Driver> Backend for PostgresQueue<D> {
     async fn note_served(&self) -> queue_core::Result<()> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        let queue = (inner.config.queue.as_str(),);
-        D::execute(D::pooled(&mut conn), &inner.sql.note_served, &queue).await?;
+        let params = (
+            inner.config.queue.as_str(),
+            inner.config.room_grants_for_new_queues,
+        );
+        D::execute(D::pooled(&mut conn), &inner.sql.note_served, &params).await?;
         Ok(())
     }
 
     async fn record_stale(&self, count: u64) -> queue_core::Result<()> {
         let inner = &self.inner;
         let mut conn = D::acquire(&inner.pool).await?;
-        statement::record_stale::<D>(D::pooled(&mut conn), &inner.sql, &inner.config.queue, count)
-            .await?;
+        statement::record_stale::<D>(
+            D::pooled(&mut conn),
+            &inner.sql,
+            &inner.config.queue,
+            count,
+            inner.config.room_grants_for_new_queues,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -1261,8 +1272,14 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
         // last claim's.
         let mut tx = D::begin(&inner.pool).await?;
         statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-        let control =
-            statement::set_limits::<D>(D::in_tx(&mut tx), &inner.sql, queue, &limits).await?;
+        let control = statement::set_limits::<D>(
+            D::in_tx(&mut tx),
+            &inner.sql,
+            queue,
+            &limits,
+            inner.config.room_grants_for_new_queues,
+        )
+        .await?;
         D::commit(tx).await?;
         self.saw_limits(&control.limits, control.room_grants);
         queue_core::events::queue_limits_set(queue, &limits);
@@ -1334,9 +1351,14 @@ impl<D: Driver> PostgresQueue<D> {
     async fn set_paused(&self, paused: bool) -> queue_core::Result<QueueControl> {
         let inner = &self.inner;
         let mut tx = D::begin(&inner.pool).await?;
-        let control =
-            statement::pause::<D>(D::in_tx(&mut tx), &inner.sql, &inner.config.queue, paused)
-                .await?;
+        let control = statement::pause::<D>(
+            D::in_tx(&mut tx),
+            &inner.sql,
+            &inner.config.queue,
+            paused,
+            inner.config.room_grants_for_new_queues,
+        )
+        .await?;
         if !paused {
             statement::notify::<D>(
                 D::in_tx(&mut tx),

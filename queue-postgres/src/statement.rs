@@ -611,13 +611,15 @@ pub(crate) async fn purge<D: Driver>(
 }
 
 /// `pause.sql`: pauses (`true`) or resumes the queue; returns its controls after the change.
+/// A queue without a row gets one with room grants switched as `grants_if_new` says.
 pub(crate) async fn pause<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     paused: bool,
+    grants_if_new: bool,
 ) -> Result<QueueControl, PgError> {
-    let rows = D::query(conn, &sql.pause, &(queue.as_str(), paused)).await?;
+    let rows = D::query(conn, &sql.pause, &(queue.as_str(), paused, grants_if_new)).await?;
     let row = rows.first().ok_or(PgError::NoRow {
         statement: "pause.sql",
     })?;
@@ -659,12 +661,14 @@ pub(crate) fn queue_limits<D: Driver>(row: &D::Row) -> Result<QueueLimits, PgErr
     ))
 }
 
-/// `set_limits.sql`: stores the queue's limits; returns its controls after the change.
+/// `set_limits.sql`: stores the queue's limits; returns its controls after the change. A
+/// queue without a row gets one with room grants switched as `grants_if_new` says.
 pub(crate) async fn set_limits<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     limits: &QueueLimits,
+    grants_if_new: bool,
 ) -> Result<QueueControl, PgError> {
     let max_in_flight = limits
         .max_in_flight
@@ -686,6 +690,7 @@ pub(crate) async fn set_limits<D: Driver>(
         per_partition,
         partition_starts,
         partition_per_ms,
+        grants_if_new,
     );
     let rows = D::query(conn, &sql.set_limits, &params).await?;
     let row = rows.first().ok_or(PgError::NoRow {
@@ -970,15 +975,22 @@ pub(crate) async fn forget_schedule<D: Driver>(
     Ok(!rows.is_empty())
 }
 
-/// `record_stale.sql`.
+/// `record_stale.sql`; a queue without a row gets one with room grants switched as
+/// `grants_if_new` says.
 pub(crate) async fn record_stale<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     count: u64,
+    grants_if_new: bool,
 ) -> Result<(), PgError> {
     let count = i64::try_from(count).unwrap_or(i64::MAX);
-    D::execute(conn, &sql.record_stale, &(queue.as_str(), count)).await?;
+    D::execute(
+        conn,
+        &sql.record_stale,
+        &(queue.as_str(), count, grants_if_new),
+    )
+    .await?;
     Ok(())
 }
 

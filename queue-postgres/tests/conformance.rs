@@ -11,7 +11,8 @@ use queue_postgres::PostgresQueue;
 use serde_json::Value;
 use support::{TestDb, TestDriver};
 
-/// A scratch database with the framework's migrations, and a queue on its standard table.
+/// A scratch database with the framework's migrations, and a queue on its standard table (its
+/// queue rows start with room grants on, the default).
 struct Pg<D: TestDriver> {
     db: TestDb,
     queue: PostgresQueue<D>,
@@ -47,18 +48,18 @@ impl<D: TestDriver> Harness for Pg<D> {
     }
 }
 
-/// [`Pg`] with the queue's room grants switched on (docs/operations.md, "Room grants"): the
-/// limits' and partitions' topics hold whether claims take grants (where a quarter of the room
-/// is a batch or more) or claim under the lock beside them.
-struct PgGranting<D: TestDriver>(Pg<D>);
+/// [`Pg`] with the queue's row starting with room grants off (as every queue did before
+/// grants were on by default; docs/operations.md, "Room grants"): the limits' and partitions'
+/// topics hold whether claims go ahead of the queue's row lock or take it.
+struct PgClaimingAhead<D: TestDriver>(Pg<D>);
 
-impl<D: TestDriver> Harness for PgGranting<D> {
+impl<D: TestDriver> Harness for PgClaimingAhead<D> {
     type Backend = PostgresQueue<D>;
 
     async fn setup() -> Self {
-        let pg = Pg::<D>::setup().await;
-        assert!(pg.queue.set_room_grants(true).await.unwrap());
-        PgGranting(pg)
+        let db = TestDb::new().await;
+        let queue = support::connect_claiming_ahead(&db).await;
+        PgClaimingAhead(Pg { db, queue })
     }
 
     fn backend(&self) -> &PostgresQueue<D> {
@@ -86,9 +87,9 @@ mod sqlx_driver {
     queue_core::conformance_suite!(super::Pg<queue_postgres::Sqlx>);
 }
 
-mod sqlx_granting {
-    queue_core::__conformance_limits!(super::PgGranting<queue_postgres::Sqlx>);
-    queue_core::__conformance_partitions!(super::PgGranting<queue_postgres::Sqlx>);
+mod sqlx_claiming_ahead {
+    queue_core::__conformance_limits!(super::PgClaimingAhead<queue_postgres::Sqlx>);
+    queue_core::__conformance_partitions!(super::PgClaimingAhead<queue_postgres::Sqlx>);
 }
 
 #[cfg(feature = "tokio-postgres")]

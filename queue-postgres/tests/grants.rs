@@ -665,7 +665,8 @@ async fn no_claim_ahead_beside_grants() {
     db.drop_db().await;
 }
 
-/// Through a queue handle, on either driver: with the switch on its claims take a grant and
+/// Through a queue handle, on either driver: with the switch on (the default of a queue whose
+/// row the handle writes first, here by setting the limits) its claims take a grant and
 /// spend it (the claims counter moves once for the grant, not once a claim), each claim
 /// within the grant's share per partition (under `max_per_partition = 1000`, 1000 / (4 * 32):
 /// seven of one partition a claim); a claim that finds nothing due returns the grant.
@@ -684,8 +685,8 @@ async fn a_handle_claims_on_grants<D: TestDriver>() {
     for job in jobs {
         queue.enqueue(job).await.unwrap();
     }
+    // No switch: a queue whose row the handle writes first has grants on by default.
     queue.set_limits(limits).await.unwrap();
-    assert!(queue.set_room_grants(true).await.unwrap());
     let before = claims_counter(&db).await;
     for _ in 0..2 {
         assert_eq!(queue.claim(req(10)).await.unwrap().jobs.len(), 10);
@@ -983,5 +984,64 @@ async fn a_handle_that_sets_the_limits_after_the_switch_claims_on_grants() {
     queue.set_limits(FORTY_IN_FLIGHT).await.unwrap();
     assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 5);
     assert_eq!(grants(&db).await, 1, "the claim took a grant");
+    db.drop_db().await;
+}
+
+/// The switch of a queue's row as stored (`None`: no row).
+async fn stored_switch(db: &TestDb, queue: &str) -> Option<bool> {
+    sqlx::query_scalar("SELECT room_grants FROM queue_jobs_queues WHERE queue = $1")
+        .bind(queue)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// A queue's row starts with room grants as the handle that writes it first is configured
+/// (`PgQueueConfig::room_grants_for_new_queues`, on by default), whichever of its writes comes
+/// first (its limits, a pause, the served mark, a fenced outcome counted); a row written before
+/// keeps its switch whatever handle writes it after, and an older release's row (its insert
+/// names no switch) starts off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_row_starts_with_room_grants_as_its_first_writer_is_configured() {
+    let db = TestDb::new().await;
+    let on = support::connect_default::<Sqlx>(&db).await;
+    let off = support::connect_claiming_ahead::<Sqlx>(&db).await;
+    assert!(on.config().room_grants_for_new_queues);
+    let for_queue = |handle: &PostgresQueue<Sqlx>, name: &str| {
+        handle.for_queue(queue_core::QueueName::new(name).unwrap())
+    };
+    async fn write(handle: &PostgresQueue<Sqlx>, how: &str) {
+        match how {
+            "limits" => drop(handle.set_limits(FORTY_IN_FLIGHT).await.unwrap()),
+            "pause" => drop(handle.pause().await.unwrap()),
+            "served" => handle.note_served().await.unwrap(),
+            "stale" => handle.record_stale(1).await.unwrap(),
+            _ => unreachable!(),
+        }
+    }
+    let writes = ["limits", "pause", "served", "stale"];
+    for how in writes {
+        for (handle, switch) in [(&on, true), (&off, false)] {
+            let name = format!("{how}-{switch}");
+            write(&for_queue(handle, &name), how).await;
+            assert_eq!(stored_switch(&db, &name).await, Some(switch), "{name}");
+            // Every write of the other handle after: the row keeps its switch.
+            let other = if switch { &off } else { &on };
+            for later in writes {
+                write(&for_queue(other, &name), later).await;
+            }
+            assert_eq!(
+                stored_switch(&db, &name).await,
+                Some(switch),
+                "{name}, kept"
+            );
+        }
+    }
+    sqlx::query("INSERT INTO queue_jobs_queues (queue, served_at) VALUES ('older', now())")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    write(&for_queue(&on, "older"), "limits").await;
+    assert_eq!(stored_switch(&db, "older").await, Some(false));
     db.drop_db().await;
 }

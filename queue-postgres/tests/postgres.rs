@@ -2868,7 +2868,7 @@ fn run_limited_workers_after(
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let db = runtime.block_on(TestDb::new());
     runtime.block_on(async {
-        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
         queue.set_limits(limits).await.unwrap();
         queue.enqueue_many(jobs).await.unwrap();
         if let Some((sql, _)) = setup {
@@ -3176,7 +3176,7 @@ async fn a_takeover_counts_against_its_partitions_slot() {
     // a0 started once and a1 is due: the pick shows a1 and b0, and a's slot holds one start,
     // so a1 alone would fit; the takeover of a0 makes it two.
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for (name, key) in [("a0", "a"), ("a1", "a"), ("b0", "b")] {
         partitioned(&queue, name, key, false).await;
     }
@@ -3189,7 +3189,7 @@ async fn a_takeover_counts_against_its_partitions_slot() {
     // leaves no room for them); then c0 is due. The pick shows only c's slot, with room; the
     // takeover could still fall in a's, the fullest.
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     partitioned(&queue, "a0", "a", false).await;
     rate_per_partition(&queue, 2).await;
     assert_eq!(claimed_names(&queue, 3).await, ["a0"]);
@@ -3214,7 +3214,7 @@ async fn a_takeover_counts_against_its_partitions_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_the_slots_did_not_count_are_charged_to_every_slot() {
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for (name, key) in [("a0", "a"), ("a1", "a"), ("b0", "b")] {
         partitioned(&queue, name, key, false).await;
     }
@@ -3269,7 +3269,7 @@ async fn slot_counts_it_cannot_trust_leave_the_claim_counting_per_partition() {
              partition_tally = partition_tally || '{\"slots_jobs\": 99}'",
     ] {
         let db = TestDb::new().await;
-        let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+        let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
         for name in ["a0", "a1"] {
             partitioned(&queue, name, "a", false).await;
         }
@@ -3296,7 +3296,7 @@ async fn the_partition_limit_is_counted_by_key_once_the_queue_could_pass_it() {
         ..QueueLimits::NONE
     };
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for n in 0..6 {
         partitioned(&queue, &format!("a{n}"), "a", false).await;
     }
@@ -3314,7 +3314,7 @@ async fn the_partition_limit_is_counted_by_key_once_the_queue_could_pass_it() {
     db.drop_db().await;
 
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for name in ["b0", "b1"] {
         partitioned(&queue, name, "b", false).await;
     }
@@ -3338,7 +3338,7 @@ async fn the_partition_limit_is_counted_by_key_once_the_queue_could_pass_it() {
 async fn the_previous_windows_claims_keep_a_partition_counted() {
     use queue_core::{Admin, QueueLimits, RateLimit};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     let day = Duration::from_secs(86_400);
     let limits = QueueLimits {
         rate_per_partition: Some(RateLimit::new(5, day).unwrap()),
@@ -3392,7 +3392,7 @@ async fn the_previous_windows_claims_keep_a_partition_counted() {
 async fn a_clock_that_stepped_back_forgets_no_claim() {
     use queue_core::{Admin, QueueLimits, RateLimit};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     let limits = QueueLimits {
         rate_per_partition: Some(RateLimit::new(5, Duration::from_secs(86_400)).unwrap()),
         ..QueueLimits::NONE
@@ -3454,7 +3454,7 @@ async fn a_clock_that_stepped_back_forgets_no_claim() {
 async fn a_locked_offer_does_not_stall_the_partitions_turns() {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     partitioned(&queue, "a0", "a", false).await;
     assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
     partitioned(&queue, "a1", "a", false).await;
@@ -3491,7 +3491,7 @@ async fn a_locked_offer_does_not_stall_the_partitions_turns() {
 async fn a_job_moved_ahead_during_a_turns_claim_is_not_claimed() {
     use queue_core::{Admin, QueueLimits};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     partitioned(&queue, "a0", "a", false).await;
     assert_eq!(claimed_names(&queue, 1).await, ["a0"]);
     partitioned(&queue, "a1", "a", false).await;
@@ -3592,7 +3592,7 @@ async fn twenty_jobs_under<D: TestDriver>(
     limits: queue_core::QueueLimits,
 ) -> PostgresQueue<D> {
     use queue_core::Admin;
-    let queue = support::connect_default::<D>(db).await;
+    let queue = support::connect_claiming_ahead::<D>(db).await;
     queue
         .enqueue_many((0..20).map(|n| NewJob::new(&n).unwrap()).collect())
         .await
@@ -3680,7 +3680,7 @@ async fn a_claim_ahead_counts_the_jobs_a_claim_put_in_flight_while_it_ran() {
     };
     assert_over(claim_ahead_after_a_locked_claim(&db, limits, 11, None).await);
     assert_eq!(in_flight(&db).await, 11, "the claim ahead was undone");
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     assert_eq!(queue.claim(req(3)).await.unwrap().jobs.len(), 2);
     assert_eq!(in_flight(&db).await, 13);
     db.drop_db().await;
@@ -3840,7 +3840,7 @@ async fn a_claim_ahead_killed_while_it_waits_leaves_nothing() {
 async fn a_claim_ahead_in_partitions_killed_while_it_waits_leaves_nothing() {
     use queue_core::Admin;
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     let jobs = (0..20).map(|n| NewJob::new(&n).unwrap().partition_key(format!("p{n}")));
     queue.enqueue_many(jobs.collect()).await.unwrap();
     let limits = queue_core::QueueLimits {
@@ -3925,7 +3925,7 @@ async fn a_claim_ahead_killed_while_it_waits(
     .await
     .unwrap();
     assert_eq!((counted, slots, slotted), (0, 0, 0));
-    let after = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let after = support::connect_claiming_ahead::<queue_postgres::Sqlx>(db).await;
     assert_eq!(after.claim(req(3)).await.unwrap().jobs.len(), 3);
 }
 
@@ -4087,7 +4087,7 @@ async fn a_claim_ahead_spanning_a_change_of_limits_fails() {
     let ahead = spawn_claim_ahead(&db, "slow", 3);
     support::wait_for_activity(&db, "wait_event = 'PgSleep'", "the claim ahead never wrote").await;
     queue.set_limits(QueueLimits::NONE).await.unwrap();
-    let other = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let other = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     assert_eq!(other.claim(req(10)).await.unwrap().jobs.len(), 10);
     queue.set_limits(twelve).await.unwrap();
     assert_over(ahead.await.unwrap());
@@ -4152,7 +4152,7 @@ async fn claim_ahead_in_a_partition_after_a_locked_claim(
     meanwhile: Option<&'static str>,
 ) -> (Result<(usize, Vec<String>), sqlx::Error>, i64) {
     use queue_core::Admin;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(db).await;
     let mut jobs: Vec<NewJob> = (0..10)
         .map(|n| NewJob::new(&n).unwrap().partition_key(format!("x{n}")))
         .collect();
@@ -4237,7 +4237,7 @@ async fn over_after_three_of_a_and(db: &TestDb, meanwhile: &'static str) {
 async fn a_claim_ahead_across_counts_started_again_is_over() {
     use queue_core::Admin;
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     let jobs = (0..14).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
     queue.enqueue_many(jobs.collect()).await.unwrap();
     let limits = queue_core::QueueLimits {
@@ -4321,7 +4321,7 @@ async fn eight_jobs_of_a_limited(
     limits: queue_core::QueueLimits,
 ) -> PostgresQueue<queue_postgres::Sqlx> {
     use queue_core::Admin;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(db).await;
     let jobs = (0..8).map(|n| NewJob::new(&n).unwrap().partition_key("a"));
     queue.enqueue_many(jobs.collect()).await.unwrap();
     queue.set_limits(limits).await.unwrap();

@@ -277,11 +277,14 @@ struct Options {
     /// Limit each partition's starts: STARTS/MILLISECONDS (`QueueLimits::rate_per_partition`).
     #[arg(long, value_parser = parse_rate)]
     limit_rate_per_partition: Option<queue_core::RateLimit>,
-    /// Switch the queue's room grants on (PostgreSQL, `PostgresQueue::set_room_grants`): with
-    /// limits in flight or a queue rate (no rate per partition), each worker's handle claims on
-    /// room granted for several claims instead of claiming ahead of the queue's row lock.
-    #[arg(long)]
-    room_grants: bool,
+    /// Switch the queue's room grants on or off (PostgreSQL, `PostgresQueue::set_room_grants`;
+    /// `--room-grants` alone is on). Without it the queue's row starts with them on (the
+    /// default of `PgQueueConfig::room_grants_for_new_queues`): with limits in flight or a
+    /// queue rate (no rate per partition), each worker's handle claims on room granted for
+    /// several claims; off, it claims ahead of the queue's row lock.
+    #[arg(long, num_args = 0..=1, default_missing_value = "on",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    room_grants: Option<bool>,
     /// Analyze the table after the throughput phase's enqueue (PostgreSQL), as autovacuum would
     /// soon after a bulk load: this machine's server runs without autovacuum, and a claim of
     /// partitions taking turns is planned badly on statistics of an empty table.
@@ -623,15 +626,15 @@ async fn run_once(o: &Options) -> Result<(Drained, (f64, f64)), String> {
     let throughput = match o.driver {
         DriverName::Sqlx => {
             let queue = benches::queue(&sqlx_pool(o, &db).await).await;
-            if o.room_grants {
-                queue.set_room_grants(true).await.expect("room grants");
+            if let Some(on) = o.room_grants {
+                queue.set_room_grants(on).await.expect("room grants");
             }
             throughput_run(o, queue, || pg_hooks(o), Some(&db.pool)).await
         }
         DriverName::TokioPostgres => {
             let queue = tp_queue(&db, false).await;
-            if o.room_grants {
-                queue.set_room_grants(true).await.expect("room grants");
+            if let Some(on) = o.room_grants {
+                queue.set_room_grants(on).await.expect("room grants");
             }
             throughput_run(o, queue, || pg_hooks(o), Some(&db.pool)).await
         }

@@ -144,6 +144,20 @@ pub async fn connect_default<D: TestDriver>(db: &TestDb) -> PostgresQueue<D> {
         .expect("the standard table passes the schema check")
 }
 
+/// A handle on `db`'s standard table and default queue whose queue row, when it writes it
+/// first, has room grants off: its limited claims go ahead of the queue's row lock (or take it),
+/// as every limited claim did before grants. The tests of the claim ahead and of the claims
+/// under the lock use it; `grants.rs` tests the switch on.
+pub async fn connect_claiming_ahead<D: TestDriver>(db: &TestDb) -> PostgresQueue<D> {
+    let config = PgQueueConfig {
+        room_grants_for_new_queues: false,
+        ..PgQueueConfig::default()
+    };
+    connect(db, config)
+        .await
+        .expect("the standard table passes the schema check")
+}
+
 /// A handle with a pool of exactly one connection (a real separate connection per handle).
 pub async fn connect_single<D: TestDriver>(db: &TestDb, config: PgQueueConfig) -> PostgresQueue<D> {
     D::connect(&url(db), pool::<D>(db, 1), config)
