@@ -146,9 +146,11 @@ pub struct QueueControl {
     pub last_stale_at: Option<DateTime<Utc>>,
     /// The limits in force on the queue's claims ([`Admin::set_limits`]).
     pub limits: QueueLimits,
-    /// Whether the operator switched room grants on for the queue (PostgreSQL's
-    /// `PostgresQueue::set_room_grants`: handles then claim on room granted for several claims
-    /// while the limits are in flight only). Always `false` on a backend without them.
+    /// Whether room grants are on for the queue (PostgreSQL: the switch its row started with,
+    /// from the configuration of the handle that wrote it first, or the one
+    /// `PostgresQueue::set_room_grants` set since; handles then claim on room granted for
+    /// several claims while the limits are in flight only). `false` for a queue without a row
+    /// yet, and always on a backend without grants.
     pub room_grants: bool,
 }
 

@@ -96,3 +96,9 @@ mod sqlx_claiming_ahead {
 mod tokio_postgres_driver {
     queue_core::conformance_suite!(super::Pg<queue_postgres::TokioPostgres>);
 }
+
+#[cfg(feature = "tokio-postgres")]
+mod tokio_postgres_claiming_ahead {
+    queue_core::__conformance_limits!(super::PgClaimingAhead<queue_postgres::TokioPostgres>);
+    queue_core::__conformance_partitions!(super::PgClaimingAhead<queue_postgres::TokioPostgres>);
+}

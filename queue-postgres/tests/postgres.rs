@@ -273,8 +273,9 @@ async fn limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim<
         let mut tested = false;
         for _ in 0..5 {
             let db = TestDb::new().await;
-            let a = support::connect_default::<D>(&db).await;
-            let b = support::connect_default::<D>(&db).await;
+            // Grants off: a's claims are the lean and full forms under the lock.
+            let a = support::connect_claiming_ahead::<D>(&db).await;
+            let b = support::connect_claiming_ahead::<D>(&db).await;
             let partner = (0..4)
                 .map(|n| NewJob::from_value(json!({ "n": n })).partition_key("partner"))
                 .collect();

@@ -38,6 +38,13 @@ pub struct Cli {
     #[arg(long, short = 'y', global = true)]
     pub yes: bool,
 
+    /// The room grants of a queue whose row this command writes first (its first limits or
+    /// pause, the dashboard's too): on, the default, or off while workers of a release without
+    /// the fence of room grants may still serve new queues (docs/operations.md, "Room
+    /// grants"). A queue that has its row keeps its switch (`queue grants` changes it).
+    #[arg(long, global = true, value_enum, default_value = "on")]
+    pub room_grants_for_new_queues: Switch,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -265,6 +265,7 @@ async fn open(cli: &Cli, pool: &PgPool) -> Result<PgQueue> {
     // No LISTEN connection: a command never waits for wake-ups.
     let config = PgQueueConfig {
         listen: false,
+        room_grants_for_new_queues: cli.room_grants_for_new_queues == crate::cli::Switch::On,
         ..PgQueueConfig::new(cli.table.clone(), cli.queue.clone())
     };
     Ok(PgQueue::connect(pool.clone(), config).await?)

@@ -328,7 +328,8 @@ async fn purge_pause_resume_and_drain() {
 /// `status` (text and JSON), and go when set without values; bad values change nothing.
 /// `queue grants on|off` switches the queue's room grants, as another process's handle sees
 /// them: on, a handle of the queue claims on a grant (a row of `queue_jobs_grants`); off, the
-/// grant is deleted and the handle claims under the queue's lock.
+/// grant is deleted and the handle claims under the queue's lock. A queue whose row the command
+/// writes first starts as `--room-grants-for-new-queues` says (on by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_grants_switches_room_grants() {
     let db = ScratchDb::new().await;
@@ -336,7 +337,30 @@ async fn queue_grants_switches_room_grants() {
     for n in 0..20 {
         queue.enqueue(NewJob::new(&n).unwrap()).await.unwrap();
     }
-    json_of(&db, &["queue", "limit", "--max-in-flight", "400"], 0);
+    let first = ["queue", "limit", "--max-in-flight", "400"];
+    json_of(
+        &db,
+        &[&first[..], &["--room-grants-for-new-queues", "off"]].concat(),
+        0,
+    );
+    assert!(!queue.room_grants().await.unwrap(), "the row starts off");
+    json_of(
+        &db,
+        &[
+            "queue",
+            "limit",
+            "--max-in-flight",
+            "400",
+            "--queue",
+            "other",
+        ],
+        0,
+    );
+    let other = queue_core::Admin::for_queue(&queue, queue_core::QueueName::new("other").unwrap());
+    assert!(
+        other.room_grants().await.unwrap(),
+        "a new queue's row starts on by default"
+    );
     let on = json_of(&db, &["queue", "grants", "on"], 0);
     assert_eq!(on, json!({ "queue": "default", "room_grants": true }));
     assert!(queue.room_grants().await.unwrap());
