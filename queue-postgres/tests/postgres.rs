@@ -47,6 +47,7 @@ per_driver!(
     drain_waits_for_a_claim_that_started_before_the_pause,
     a_row_another_transaction_holds_holds_up_no_other_renewal,
     a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool,
+    a_finalize_whose_commit_reply_was_lost_is_reported_applied,
     a_bulk_enqueue_dropped_at_its_end_leaves_the_connection_in_step,
     limits_per_partition_set_since_a_handle_looked_hold_for_its_next_claim,
     a_table_without_the_lease_index_serves_every_statement,
@@ -157,6 +158,91 @@ async fn a_transaction_dropped_during_its_begin_leaves_none_open_in_the_pool<D: 
         "the next borrower ran inside the dropped transaction"
     );
     db.drop_db().await;
+}
+
+/// Stages a row of `effects` for each job whose outcome applied, in the finalize's transaction.
+struct Effect;
+
+impl<D: queue_postgres::Driver> queue_core::FinalizeHook<queue_postgres::PostgresTx<D>, Value>
+    for Effect
+{
+    async fn after_applied(
+        &self,
+        tx: &mut queue_postgres::PostgresTx<D>,
+        event: &queue_core::FinalizeEvent<'_, Value>,
+    ) -> Result<(), queue_core::BoxError> {
+        tx.execute("INSERT INTO effects (job_id) VALUES ($1)", (event.job.id.0,))
+            .await?;
+        Ok(())
+    }
+}
+
+/// A finalize whose `COMMIT` reached the server and committed, but whose reply the network
+/// lost (every connection cut while the reply was held on the wire): the worker's write fails
+/// with a transient error, and tried again it finds the job finalized under its own claim, so
+/// it reports the outcome applied, never stale or unknown, and the side effect its hook staged
+/// in the same transaction is there once.
+async fn a_finalize_whose_commit_reply_was_lost_is_reported_applied<D: TestDriver>() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql("CREATE TABLE effects (job_id bigint NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let proxy = support::proxy::Proxy::start().await;
+    let url = proxy.url(&db);
+    let config = PgQueueConfig {
+        listen: false,
+        ..PgQueueConfig::default()
+    };
+    let queue = D::connect(&url, D::pool(&url, 2), config).await.unwrap();
+    let id = queue
+        .enqueue(NewJob::from_value(json!({ "n": 1 })))
+        .await
+        .unwrap()
+        .id;
+    // Claims and heartbeats are statements of their own: the first COMMIT is the finalize's.
+    proxy.hold_replies_after(b"COMMIT");
+    let worker = Worker::new(queue.clone(), Done, WorkerConfig::default())
+        .unwrap()
+        .hooks(queue_core::Hooks::new().with(Effect))
+        .start();
+    let completed = format!("status = 'completed' AND id = {}", id.0);
+    wait_for_row(&db, &completed, "the finalize committed on the server").await;
+    assert_eq!(
+        worker.stats().finished(),
+        0,
+        "the worker has not heard back: its reply is held"
+    );
+    proxy.cut();
+    let stats = worker
+        .wait_for_timeout(Duration::from_secs(60), |s| s.finished() == 1)
+        .await
+        .expect("the outcome is reported once the write is tried again");
+    worker.shutdown().await.unwrap();
+    assert_eq!((stats.completed, stats.stale, stats.unknown), (1, 0, 0));
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 1, "the hook's effect committed once");
+    db.drop_db().await;
+}
+
+/// Returns once a row of the default table meets `condition`; fails after 30 s, saying `what`.
+async fn wait_for_row(db: &TestDb, condition: &str, what: &str) {
+    let sql = format!("SELECT count(*) FROM queue_jobs WHERE {condition}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if seen > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A bulk enqueue by `COPY` dropped by its caller after the data went out (a timeout around a

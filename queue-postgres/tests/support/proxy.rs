@@ -24,6 +24,8 @@ struct Hold {
     armed: Mutex<Option<Vec<u8>>>,
     /// Whether the server's bytes wait.
     holding: watch::Sender<bool>,
+    /// How many times every connection was cut: a forwarding task ends when it moves.
+    cuts: watch::Sender<u64>,
 }
 
 impl Proxy {
@@ -38,6 +40,7 @@ impl Proxy {
         let hold = Arc::new(Hold {
             armed: Mutex::new(None),
             holding: watch::channel(false).0,
+            cuts: watch::channel(0).0,
         });
         let accept = tokio::spawn({
             let hold = hold.clone();
@@ -80,6 +83,14 @@ impl Proxy {
         *self.hold.armed.lock().unwrap() = None;
         self.hold.holding.send_replace(false);
     }
+
+    /// Closes every connection open through the proxy, held bytes dropped (a network that
+    /// fails under them), and disarms; connections made after pass freely.
+    pub fn cut(&self) {
+        *self.hold.armed.lock().unwrap() = None;
+        self.hold.cuts.send_modify(|cuts| *cuts += 1);
+        self.hold.holding.send_replace(false);
+    }
 }
 
 impl Drop for Proxy {
@@ -93,13 +104,17 @@ async fn to_server(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     hold: Arc<Hold>,
 ) {
+    let mut cuts = hold.cuts.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
     // The end of the previous read, so a marker split across two reads is still seen.
     let mut tail: Vec<u8> = Vec::new();
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = cuts.changed() => break,
         };
         {
             let mut armed = hold.armed.lock().unwrap();
@@ -129,13 +144,24 @@ async fn to_client(
     hold: Arc<Hold>,
 ) {
     let mut holding = hold.holding.subscribe();
+    let mut cuts = hold.cuts.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = cuts.changed() => break,
         };
-        if holding.wait_for(|held| !held).await.is_err() {
+        // Held bytes wait for a release, or go with the connection at a cut.
+        // A cut releases the hold after it moves, so looking at the cut first drops the bytes.
+        let cut = tokio::select! {
+            biased;
+            _ = cuts.changed() => true,
+            released = holding.wait_for(|held| !held) => released.is_err(),
+        };
+        if cut {
             break;
         }
         if to.write_all(&buf[..n]).await.is_err() {
