@@ -171,8 +171,11 @@ impl<D: queue_postgres::Driver> queue_core::FinalizeHook<queue_postgres::Postgre
         tx: &mut queue_postgres::PostgresTx<D>,
         event: &queue_core::FinalizeEvent<'_, Value>,
     ) -> Result<(), queue_core::BoxError> {
-        tx.execute("INSERT INTO effects (job_id) VALUES ($1)", (event.job.id.0,))
-            .await?;
+        tx.execute(
+            "INSERT INTO effects (job_id) VALUES ($1)",
+            (event.job.id.0,),
+        )
+        .await?;
         Ok(())
     }
 }
