@@ -71,8 +71,8 @@
 -- its wait for the lock (a row is written once per statement): read by claimed_at, a rate may
 -- show more starts within a window than it allows, by that drift.
 --
--- A queue whose switch room_grants is on and that has no rate per partition (room may be
--- granted to queue handles: grant.sql) gets no claim ahead: its snapshot shows it 'binding',
+-- A queue whose switch room_grants is on (room may be granted to queue handles: grant.sql)
+-- gets no claim ahead: its snapshot shows it 'binding',
 -- and the check at the end fails on the newest row, since this form does not count the room
 -- granted in flight (the lock's claims do, claim_quota.sql).
 --

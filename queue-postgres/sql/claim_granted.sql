@@ -27,7 +27,13 @@
 -- queue's rate: the grant was logged as all its jobs started (grant.sql), and its claims start
 -- no more, each before the grant expires (the spend's guard reads the clock).
 WITH room AS MATERIALIZED (
-    SELECT g.jobs_left, g.per_claim
+    -- per_slot: the queue has a rate per partition, so per_claim caps a slot of partition
+    -- keys (claim_slot.sql), not a partition (its limits changed since the grant would have
+    -- deleted the grant).
+    SELECT g.jobs_left, g.per_claim,
+           COALESCE((SELECT c.partition_rate_starts IS NOT NULL
+                            AND c.partition_rate_per_ms IS NOT NULL
+                     FROM "{{table}}_queues" AS c WHERE c.queue = $1), false) AS per_slot
     FROM "{{table}}_grants" AS g
     WHERE g.queue = $1 AND g.grant_id = $8 AND g.claims_left > 0 AND g.jobs_left > 0
       AND g.expires_at > clock_timestamp()
@@ -38,7 +44,9 @@ plain AS MATERIALIZED (
 due AS MATERIALIZED (
     SELECT p.id, p.next_attempt_at, p.priority, p.reclaims, p.expired, p.partition_key
     FROM (SELECT p.*,
-                 row_number() OVER (PARTITION BY p.partition_key
+                 row_number() OVER (PARTITION BY CASE WHEN (SELECT per_slot FROM room)
+                                                      THEN ({{slot}})::text
+                                                      ELSE p.partition_key END
                                     ORDER BY p.next_attempt_at, p.priority, p.id) AS nth
           FROM plain AS p) AS p
     WHERE p.partition_key IS NULL OR p.nth <= (SELECT per_claim FROM room)
@@ -54,7 +62,33 @@ spent AS (
       AND g.jobs_left >= n.all_jobs
       AND g.claims_left >= 1
       AND g.expires_at > clock_timestamp()
+      -- Under a rate per partition every start counts, takeovers too: none of them past the
+      -- cap in any slot (a claim with takeovers over it fails, and its handle claims under
+      -- the lock).
+      AND NOT COALESCE((SELECT r.per_slot
+                                AND EXISTS (SELECT 1
+                                            FROM claimed AS cl
+                                            WHERE cl.partition_key IS NOT NULL
+                                            GROUP BY {{claimed_slot}}
+                                            HAVING count(*) > g.per_claim)
+                         FROM room AS r), false)
     RETURNING g.jobs_left, g.claims_left
+),
+claim_started AS (
+    -- Under a rate per partition, the claim's jobs per partition in one row of
+    -- "{{table}}_claim_starts", keyed below zero (a claim on a grant moves no claims counter):
+    -- -(grant * 1000 + the claims it leaves), a grant being for at most 32 claims. The counts
+    -- per partition read these rows (claim_key_started.sql); no claim folds for them.
+    INSERT INTO "{{table}}_claim_starts" (queue, claim, at_ms, keys, jobs)
+    SELECT $1, -($8::bigint * 1000 + s.claims_left),
+           extract(epoch FROM clock_timestamp())::float8 * 1000, k.keys, k.jobs
+    FROM spent AS s
+    CROSS JOIN (SELECT array_agg(x.key) AS keys, array_agg(x.jobs) AS jobs
+                FROM (SELECT cl.partition_key AS key, count(*) AS jobs
+                      FROM claimed AS cl
+                      WHERE cl.partition_key IS NOT NULL
+                      GROUP BY 1) AS x) AS k
+    WHERE (SELECT per_slot FROM room) AND k.keys IS NOT NULL
 )
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
        payload, taken_over, over_reclaim_cap, cancel_requested, NULL::bigint AS jobs_left,

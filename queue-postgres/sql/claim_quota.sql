@@ -120,7 +120,7 @@ quota AS MATERIALIZED (
         -- (Never in the lean form, which refuses a queue with a rate per partition: the
         -- constant lets the planner drop the read of "{{table}}_claim_starts".)
         SELECT NOT {{lean}} AND NOT {{after_pick}} AND g.per_ms IS NOT NULL AND NOT g.unbound
-               AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
+               AND {{to_fold}}
                AS must_fold
     ) AS f
     CROSS JOIN LATERAL (

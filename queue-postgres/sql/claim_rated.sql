@@ -56,7 +56,7 @@ rated AS MATERIALIZED (
            CASE WHEN r.unbound THEN NULL ELSE q.key_rate_per_ms END AS key_rate_per_ms,
            r.unbound,
            NOT r.unbound AND q.tally_per_ms IS NOT NULL
-               AND EXISTS (SELECT 1 FROM "{{table}}_claim_starts" AS s WHERE s.queue = $1)
+               AND {{to_fold}}
                AS must_fold
     FROM quota AS q
     CROSS JOIN rated_slots AS r

@@ -63,10 +63,10 @@ struct Inner<D: Driver> {
 /// Rust twin of the statements' `GRANTING` (sql.rs), which reads the queue's row alike.
 fn grants_room(limits: &QueueLimits, room_grants: bool) -> bool {
     room_grants
-        && limits.rate_per_partition.is_none()
         && (limits.max_in_flight.is_some()
             || limits.max_per_partition.is_some()
-            || limits.rate.is_some())
+            || limits.rate.is_some()
+            || limits.rate_per_partition.is_some())
 }
 
 /// How many claims a grant is for at most (`grant.sql`; fewer under a low `max_per_partition`):
@@ -397,7 +397,7 @@ impl<D: Driver> PostgresQueue<D> {
 
     /// Switches room grants on or off for this handle's queue (docs/operations.md, "Room
     /// grants"): while on, a queue with limits in flight (`max_in_flight`,
-    /// `max_per_partition`) or a rate, and no rate per partition, grants each worker's handle
+    /// `max_per_partition`) or a rate (per queue or per partition) grants each worker's handle
     /// room for several claims at once, which it spends without the queue's row lock, and every
     /// other claim counts that room against the limits. A queue's row starts with the switch
     /// of the handle that writes it first ([`PgQueueConfig::room_grants_for_new_queues`], on
@@ -650,6 +650,9 @@ impl<D: Driver> PostgresQueue<D> {
                     return Ok(Some(ClaimBatch { jobs }));
                 }
                 statement::GrantedClaim::Over => {
+                    // Gone, or kept (its room short, a takeover over its cap a slot): the next
+                    // grant statement deletes it and gives back what it left.
+                    inner.grants.lock().expect("grants lock").spent.push(grant);
                     queue_core::metrics::record_limited_claim_rerun(queue);
                 }
             }

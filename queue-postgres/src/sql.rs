@@ -57,6 +57,8 @@ pub(crate) const GRANT: Template = template!("grant.sql");
 pub(crate) const CLAIM_GRANTED: Template = template!("claim_granted.sql");
 pub(crate) const RETURN_GRANT: Template = template!("return_grant.sql");
 const GRANT_LOG: Template = template!("grant_log.sql");
+const GRANT_TALLY_BACK: Template = template!("grant_tally_back.sql");
+const CLAIM_TO_FOLD: Template = template!("claim_to_fold.sql");
 pub(crate) const SET_ROOM_GRANTS: Template = template!("set_room_grants.sql");
 pub(crate) const FOLD_STARTS: Template = template!("fold_starts.sql");
 pub(crate) const EXTEND_LEASES: Template = template!("extend_leases.sql");
@@ -374,6 +376,11 @@ const PLAIN_PICKS: Picks<'static> = Picks {
 /// The candidates of `claim.sql`'s picks: every due job and takeover.
 const ALL_CANDIDATES: &str = "(SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates";
 
+/// `claim_to_fold.sql` for `table`.
+fn to_fold(table: &TableName) -> Result<String, PgError> {
+    for_table(CLAIM_TO_FOLD, table)
+}
+
 /// `claim_key_started.sql` for `table`, for the partition key `key` (an SQL expression).
 fn key_started(table: &TableName, key: &str) -> Result<String, PgError> {
     for_table_with(CLAIM_KEY_STARTED, table, &[("key", key)])
@@ -408,6 +415,17 @@ fn claim_parts(
         Some(candidates) => (candidates.to_owned(), expired_starts(table)?),
         None => (ALL_CANDIDATES.to_owned(), String::new()),
     };
+    claim_parts_among(table, picks, &candidates, &expired)
+}
+
+/// [`claim_parts`] choosing among `candidates`, with `expired` keeping lapsed leases from
+/// being taken over besides a pause and the picks' guard (SQL).
+fn claim_parts_among(
+    table: &TableName,
+    picks: &Picks<'_>,
+    candidates: &str,
+    expired: &str,
+) -> Result<(String, String), PgError> {
     let due = for_table_with(
         CLAIM_DUE,
         table,
@@ -422,8 +440,8 @@ fn claim_parts(
         &[
             ("batch", picks.batch),
             ("limited_guard", picks.expired_guard),
-            ("candidates", &candidates),
-            ("expired_starts", &expired),
+            ("candidates", candidates),
+            ("expired_starts", expired),
             ("claim_now", picks.claim_now),
         ],
     )?;
@@ -490,11 +508,16 @@ impl LimitedEnds {
                 ("lean", flag(lean)),
                 ("after_pick", flag(after_pick)),
                 ("tally", &tally(table, "c", "t.now_ms", "$2::bigint")?),
+                ("to_fold", &to_fold(table)?),
             ],
         )?;
         let rated = if after_pick {
             let slot = for_table_with(CLAIM_SLOT, table, &[("key", "p.partition_key")])?;
-            for_table_with(CLAIM_RATED, table, &[("slot", &slot)])?
+            for_table_with(
+                CLAIM_RATED,
+                table,
+                &[("slot", &slot), ("to_fold", &to_fold(table)?)],
+            )?
         } else {
             for_table(CLAIM_RATED_BEFORE_PICK, table)?
         };
@@ -595,19 +618,19 @@ pub(crate) const AHEAD_MARGIN_MOST: u32 = 256;
 pub(crate) const AHEAD_OVER: &str = "claim_ahead: over the limits of the queue";
 
 /// Whether room may be granted to queue handles from the queue's row `c` (`grant.sql`): its
-/// switch is on, it has a limit in flight or a rate, and no rate per partition (left to the
-/// claims under the lock).
+/// switch is on, and it has a limit in flight or a rate (per queue or per partition).
 const GRANTING: &str = "(c.room_grants \
-     AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL) \
      AND (c.max_in_flight IS NOT NULL OR c.max_per_partition IS NOT NULL \
-          OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)))";
+          OR (c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL) \
+          OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL)))";
 
 /// What a statement that deletes grants returns of each (`grant_log.sql` and `grant.sql`'s
 /// sizing read it): its id, its jobs and claims left as the delete read the row (after any
 /// claim on it that held it committed: final), its per-claim share, and the instant after, in
 /// epoch milliseconds (past every start of its claims).
 const SWEPT_RETURNING: &str = "g.grant_id, g.jobs_left, g.claims_left, g.per_claim, \
-     extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms";
+     extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms, \
+     extract(epoch FROM g.expires_at)::float8 * 1000 AS expires_ms";
 
 /// `grant_log.sql` for the log `log` of the row `row` (its alias) at the instant `now_ms`
 /// (SQL expressions).
@@ -620,6 +643,11 @@ fn grant_log(row: &str, now_ms: &str) -> Result<String, PgError> {
             ("now_ms", now_ms),
         ],
     )
+}
+
+/// `grant_tally_back.sql` for the tally `tally` under the window `per_ms` (SQL expressions).
+fn grant_tally_back(tally: &str, per_ms: &str) -> Result<String, PgError> {
+    render(GRANT_TALLY_BACK, &[("tally", tally), ("per_ms", per_ms)])
 }
 
 /// The share of the room a queue's limits leave that one grant may take (`grant.sql`): the
@@ -642,7 +670,18 @@ const GRANTED_PICKS: Picks<'static> = Picks {
 
 /// `claim_granted.sql` for `table`: the claim on room granted to the queue handle.
 pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &GRANTED_PICKS, None)?;
+    // Under a rate per partition, takeovers count against the cap of their slot with the
+    // due picks, in the claim's order (the spend's guard is then only a backstop).
+    let slot = slot_of("c.partition_key", PARTITION_SLOTS)?;
+    let candidates = format!(
+        "(SELECT c.* FROM (SELECT c.*, row_number() OVER ( \
+             PARTITION BY CASE WHEN (SELECT per_slot FROM room) THEN ({slot})::text END \
+             ORDER BY c.next_attempt_at, c.priority, c.id) AS slot_nth \
+           FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c) AS c \
+         WHERE c.partition_key IS NULL OR NOT (SELECT per_slot FROM room) \
+            OR c.slot_nth <= (SELECT per_claim FROM room)) AS candidates"
+    );
+    let (due, picks) = claim_parts_among(table, &GRANTED_PICKS, &candidates, "")?;
     for_table_with(
         CLAIM_GRANTED,
         table,
@@ -650,6 +689,11 @@ pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
             ("claim_due", &due),
             ("claim_picks", &picks),
             ("over", GRANT_OVER),
+            ("slot", &slot_of("p.partition_key", PARTITION_SLOTS)?),
+            (
+                "claimed_slot",
+                &slot_of("cl.partition_key", PARTITION_SLOTS)?,
+            ),
         ],
     )
 }
@@ -966,6 +1010,8 @@ impl Sql {
                         "rewritten_log",
                         &grant_log("c", "extract(epoch FROM c.now_at)::float8 * 1000")?,
                     ),
+                    ("tally_back", &grant_tally_back("c.tally", "c.key_per_ms")?),
+                    ("due_slot", &slot_of("j.partition_key", PARTITION_SLOTS)?),
                 ],
             )?
             .into(),
@@ -978,6 +1024,14 @@ impl Sql {
                     (
                         "rewritten_log",
                         &grant_log("c", "extract(epoch FROM clock_timestamp())::float8 * 1000")?,
+                    ),
+                    (
+                        "tally_back",
+                        &grant_tally_back(
+                            "c.partition_tally",
+                            "(CASE WHEN c.partition_rate_starts IS NOT NULL \
+                             THEN c.partition_rate_per_ms END)",
+                        )?,
                     ),
                 ],
             )?
@@ -1144,7 +1198,9 @@ mod tests {
         let lean = claim_limited_lean(&table).unwrap();
         assert!(lean.starts_with(claim_first_line()));
         // The lean form writes none of the partition tables, and reads only the queue's
-        // pending claims, behind a constant false (the planner drops it).
+        // pending claims: claim_to_fold.sql's two reads, behind a constant false (the planner
+        // drops them), and claim_key_started.sql's of the claims on grants, behind the rate
+        // per partition the lean form refuses.
         let code = |text: &str| -> String {
             text.lines()
                 .filter(|line| !line.trim_start().starts_with("--"))
@@ -1155,7 +1211,7 @@ mod tests {
         assert!(!lean.contains("\"queue_jobs_starts\""), "{lean}");
         assert_eq!(
             lean.matches("\"queue_jobs_claim_starts\"").count(),
-            1,
+            3,
             "{lean}"
         );
         assert!(

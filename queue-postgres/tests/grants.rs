@@ -157,6 +157,40 @@ async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
         .count()
 }
 
+/// A claim of `batch` under the queue's lock as a handle makes it on `conn`: `claim_limited.sql`,
+/// and `claim_turns.sql` when that says the partitions must take turns (a pick that would put
+/// one over its room): the jobs taken.
+async fn claim_in_turns(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
+    let table = TableName::default();
+    let mut taken = 0;
+    for sql in [
+        queue_postgres::testing::claim_limited_sql(&table),
+        queue_postgres::testing::claim_turns_sql(&table),
+    ] {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind("default")
+            .bind(batch)
+            .bind(90.0_f64)
+            .bind(5_i32)
+            .bind("locked")
+            .bind(7_i64)
+            .bind(Vec::<i64>::new())
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let markers: Vec<Option<String>> = rows.iter().map(|row| row.get("marker")).collect();
+        taken += markers.iter().filter(|marker| marker.is_none()).count();
+        assert!(
+            markers.iter().flatten().all(|marker| marker == "turns"),
+            "{markers:?}"
+        );
+        if !markers.iter().flatten().any(|marker| marker == "turns") {
+            break;
+        }
+    }
+    taken
+}
+
 /// The default queue's rate log, oldest first: each entry's instant less the clock's (ahead of
 /// it when positive), in milliseconds, its jobs and its grant's id (none but for a grant's).
 async fn rate_log(db: &TestDb) -> Vec<(f64, i64, Option<i64>)> {
@@ -378,7 +412,7 @@ async fn a_change_of_the_limits_deletes_the_grants() {
 /// No grant is given near a limit (the share of the room left is short of a batch), under a
 /// rate per partition (left to the claims under the lock), or while the queue is paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_grant_near_a_limit_under_a_partition_rate_or_paused() {
+async fn no_grant_near_a_limit_or_a_partition_rate_or_paused() {
     let db = TestDb::new().await;
     let limits = QueueLimits {
         max_in_flight: Some(19),
@@ -392,11 +426,15 @@ async fn no_grant_near_a_limit_under_a_partition_rate_or_paused() {
     );
     let rated = QueueLimits {
         max_in_flight: Some(40),
-        rate_per_partition: Some(queue_core::RateLimit::new(1000, Duration::from_secs(1)).unwrap()),
+        rate_per_partition: Some(queue_core::RateLimit::new(3, Duration::from_secs(60)).unwrap()),
         ..QueueLimits::NONE
     };
     queue.set_limits(rated).await.unwrap();
-    assert_eq!(ask_grant(&db, 5, None).await, None, "a rate per partition");
+    assert_eq!(
+        ask_grant(&db, 5, None).await,
+        None,
+        "a quarter of a rate per partition of 3 is short of a job a slot"
+    );
     queue
         .set_limits(QueueLimits {
             rate_per_partition: None,
@@ -1044,4 +1082,322 @@ async fn a_queue_row_starts_with_room_grants_as_its_first_writer_is_configured()
     write(&for_queue(&on, "older"), "limits").await;
     assert_eq!(stored_switch(&db, "older").await, Some(false));
     db.drop_db().await;
+}
+
+/// At most `starts` starts of each partition a day: a window no test crosses but once in a
+/// great while, which a test that moves the clock moves whole.
+fn per_partition_a_day(starts: u32) -> QueueLimits {
+    per_partition_per(starts, Duration::from_secs(86_400))
+}
+
+fn per_partition_per(starts: u32, window: Duration) -> QueueLimits {
+    QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(starts, window).unwrap()),
+        ..QueueLimits::NONE
+    }
+}
+
+/// The slot of partition keys `key` falls in (`claim_slot.sql`: 512 of them).
+async fn slot_of(db: &TestDb, key: &str) -> i32 {
+    sqlx::query_scalar("SELECT (hashtextextended($1, 0) & 511)::integer")
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// `n` partition keys, each in a slot of its own.
+async fn keys_in_distinct_slots(db: &TestDb, n: usize) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    let mut slots = Vec::new();
+    for i in 0.. {
+        let key = format!("k{i}");
+        let slot = slot_of(db, &key).await;
+        if !slots.contains(&slot) {
+            keys.push(key);
+            slots.push(slot);
+        }
+        if keys.len() == n {
+            break;
+        }
+    }
+    keys
+}
+
+/// Another partition key in the slot of `key`.
+async fn slot_mate(db: &TestDb, key: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT 'k' || i FROM generate_series(1, 1000000) AS i
+         WHERE (hashtextextended('k' || i, 0) & 511) = (hashtextextended($1, 0) & 511)
+           AND 'k' || i <> $1
+         LIMIT 1",
+    )
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// The default queue's tally of its rate per partition: `(jobs, untracked, before,
+/// slot_before, bucket, at)`, the untracked jobs being those every slot is charged.
+async fn tally(db: &TestDb) -> (i64, i64, i64, i64, i64, Option<f64>) {
+    sqlx::query_as(
+        "SELECT (t ->> 'jobs')::bigint, (t ->> 'jobs')::bigint - (t ->> 'slots_jobs')::bigint,
+                (t ->> 'before')::bigint, (t ->> 'slot_before')::bigint,
+                (t ->> 'bucket')::bigint, (t ->> 'at')::float8
+         FROM (SELECT partition_tally AS t FROM queue_jobs_queues WHERE queue = 'default') AS c",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Under a rate per partition of 400 a day a grant of eight claims of five, at most one job of
+/// a slot of partition keys a claim (a batch of five picks far less than a job a slot), is
+/// charged to the queue's tally at once, whole: its 40 jobs to the sum, and a job of every slot
+/// for each of its eight claims to the jobs every slot is charged. Its claim takes one job of
+/// each of three partitions in three slots, logged in a row of its own; the grant statement
+/// that deletes the grant gives back the 37 jobs and the seven claims it left, so the tally
+/// holds the three jobs, one a slot, and the next grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_under_a_partition_rate_is_charged_whole_and_gives_back_what_it_left() {
+    let db = TestDb::new().await;
+    let jobs = keys_in_distinct_slots(&db, 3)
+        .await
+        .iter()
+        .flat_map(|key| partitioned_jobs(1, key))
+        .collect();
+    granting::<Sqlx>(&db, per_partition_a_day(400), jobs).await;
+    let (grant, jobs_left, claims_left, per_claim) =
+        ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!((jobs_left, claims_left, per_claim), (40, 8, 1));
+    let (jobs, untracked, ..) = tally(&db).await;
+    assert_eq!((jobs, untracked), (40, 8), "charged whole at the grant");
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 3);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM queue_jobs_claim_starts WHERE claim < 0 AND cardinality(keys) = 3"
+        )
+        .await,
+        1,
+        "the claim's jobs per partition, in a row of its own"
+    );
+    let (_, jobs_left, claims_left, _) =
+        ask_grant(&db, 5, Some(grant)).await.expect("another grant");
+    assert_eq!((jobs_left, claims_left), (40, 8));
+    let (jobs, untracked, ..) = tally(&db).await;
+    assert_eq!(
+        (jobs, untracked),
+        (3 + 40, 1 + 8),
+        "the first grant gave back what it left"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// Under a rate per partition a claim on a grant takes at most its `per_claim` of one slot of
+/// partition keys, two partitions of one slot together, takeovers of lapsed leases included:
+/// with a lease of the slot lapsed and a job of it due, the next claim takes the earlier of
+/// the two, not both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_grant_under_a_partition_rate_keeps_to_its_cap_a_slot_takeovers_included() {
+    let db = TestDb::new().await;
+    let mate = slot_mate(&db, "k0").await;
+    let mut jobs = partitioned_jobs(1, "k0");
+    jobs.extend(partitioned_jobs(1, &mate));
+    granting::<Sqlx>(&db, per_partition_a_day(400), jobs).await;
+    let (grant, _, _, per_claim) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(per_claim, 1);
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        claim_on(&mut conn, grant, 5).await.unwrap(),
+        1,
+        "one job of the slot a claim"
+    );
+    sqlx::query("UPDATE queue_jobs SET lease_expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_on(&mut conn, grant, 5).await.unwrap(),
+        1,
+        "the lapsed lease (the earlier job) or the due job, not both"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM queue_jobs WHERE reclaims > 0").await,
+        1,
+        "the earlier job was taken over"
+    );
+    assert_eq!(in_flight(&db).await, 1, "the other waits");
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A backlog of few partitions gets a larger cap a slot: half the most of one slot among the
+/// next batch due. Twenty jobs of one partition, claims of ten: a cap of five, not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_under_a_partition_rate_sizes_its_cap_a_slot_by_the_backlog() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, per_partition_a_day(4000), partitioned_jobs(20, "p")).await;
+    let (grant, _, claims_left, per_claim) = ask_grant(&db, 10, None).await.expect("a grant");
+    assert_eq!((claims_left, per_claim), (8, 5));
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 10).await.unwrap(), 5);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A grant under a rate per partition that its handle returns because its claim found nothing
+/// due (`return_grant.sql`) gives back what it left, as a grant statement's delete does: the
+/// tally holds the three jobs its one claim took, one a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_under_a_partition_rate_returned_idle_gives_back_what_it_left() {
+    let db = TestDb::new().await;
+    let jobs = keys_in_distinct_slots(&db, 3)
+        .await
+        .iter()
+        .flat_map(|key| partitioned_jobs(1, key))
+        .collect();
+    let queue = granting::<Sqlx>(&db, per_partition_a_day(400), jobs).await;
+    assert_eq!(queue.claim(req(5)).await.unwrap().jobs.len(), 3);
+    assert_eq!(grants(&db).await, 1, "claimed on a grant");
+    assert!(queue.claim(req(5)).await.unwrap().jobs.is_empty());
+    assert_eq!(grants(&db).await, 0, "returned");
+    let (jobs, untracked, ..) = tally(&db).await;
+    assert_eq!((jobs, untracked), (3, 1));
+    db.drop_db().await;
+}
+
+/// The counts per partition, which a claim under the lock reads while the tally cannot bound
+/// it (here the rate's window changed, which starts the tally again), count the jobs claims on
+/// grants started: of a rate of four a day, a grant's claim started one of the partition, so
+/// the claims under the lock start three more, not four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counts_per_partition_count_the_claims_on_grants() {
+    let db = TestDb::new().await;
+    let queue = granting::<Sqlx>(&db, per_partition_a_day(4), partitioned_jobs(10, "p")).await;
+    let (grant, _, claims_left, per_claim) = ask_grant(&db, 5, None).await.expect("a grant");
+    assert_eq!(
+        (claims_left, per_claim),
+        (1, 1),
+        "a quarter of four: one job, one claim"
+    );
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 1);
+    queue
+        .set_limits(per_partition_per(4, Duration::from_secs(43_200)))
+        .await
+        .unwrap();
+    assert_eq!(grants(&db).await, 0, "the change deleted the grant");
+    let mut taken = 0;
+    loop {
+        let claimed = claim_in_turns(&mut conn, 10).await;
+        if claimed == 0 {
+            break;
+        }
+        taken += claimed;
+    }
+    assert_eq!(taken, 3, "four a window, one started on the grant");
+    assert_eq!(in_flight(&db).await, 4);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// The counts per partition also count what a grant still alive may start: of a rate of eight
+/// a day, a grant of two claims of one job (a slot's cap of one) whose first claim started one
+/// job of the partition may start one more, so the claims under the lock start six, and the partition
+/// ends at eight once the grant's second claim takes its one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counts_per_partition_count_what_a_live_grant_may_start() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, per_partition_a_day(8), partitioned_jobs(20, "p")).await;
+    let (grant, _, claims_left, per_claim) = ask_grant(&db, 1, None).await.expect("a grant");
+    assert_eq!((claims_left, per_claim), (2, 1));
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 1).await.unwrap(), 1);
+    let mut taken = 0;
+    loop {
+        let claimed = claim_in_turns(&mut conn, 10).await;
+        if claimed == 0 {
+            break;
+        }
+        taken += claimed;
+    }
+    assert_eq!(
+        taken, 6,
+        "eight a window, one started on the grant and one it may start"
+    );
+    assert_eq!(claim_on(&mut conn, grant, 1).await.unwrap(), 1);
+    assert_eq!(in_flight(&db).await, 8);
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// The grant statement moves the tally to the window of its instant itself, first giving back
+/// what an expired grant of the window before left (the clock moved a whole window on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grant_statement_moves_the_tally_on_giving_back_what_the_window_before_left() {
+    let db = TestDb::new().await;
+    let jobs = partitioned_jobs(1, "k0");
+    granting::<Sqlx>(&db, per_partition_a_day(400), jobs).await;
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(claim_on(&mut conn, grant, 5).await.unwrap(), 1);
+    drop(conn);
+    let (.., bucket, _) = tally(&db).await;
+    queue_postgres::testing::age_rows(&db.pool, &TableName::default(), Duration::from_secs(86_400))
+        .await;
+    assert!(ask_grant(&db, 5, None).await.is_some());
+    let (jobs, untracked, before, slot_before, moved, _) = tally(&db).await;
+    assert_eq!(moved, bucket, "a window on (the rows moved a window back)");
+    assert_eq!(
+        (jobs, untracked, before, slot_before),
+        (40, 8, 1, 1),
+        "the window before: the expired grant's one job, one a slot"
+    );
+    db.drop_db().await;
+}
+
+/// A grant under a rate per partition expires no later than the end of the window it is
+/// charged to: a window of about an hour chosen to end two to three seconds after the grant,
+/// whose life of ten seconds it cuts (or, on a machine slow enough to pass the end first, the
+/// next window, which does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_under_a_partition_rate_ends_with_its_window() {
+    let db = TestDb::new().await;
+    let now_ms: f64 = count_f64(
+        &db,
+        "SELECT extract(epoch FROM clock_timestamp())::float8 * 1000",
+    )
+    .await;
+    let window_ms = (3_600_000_u64..)
+        .find(|ms| (2_000..3_000).contains(&(ms - (now_ms as u64) % ms)))
+        .unwrap();
+    let limits = per_partition_per(400, Duration::from_millis(window_ms));
+    granting::<Sqlx>(&db, limits, partitioned_jobs(1, "k0")).await;
+    let (_, jobs_left, ..) = ask_grant_living(&db, 5, None, Duration::from_secs(10))
+        .await
+        .expect("a grant");
+    assert_eq!(jobs_left, 40);
+    let (.., at) = tally(&db).await;
+    let at = at.expect("the grant's instant");
+    let window_end = ((at as u64) / window_ms + 1) * window_ms;
+    let expires_ms = count_f64(
+        &db,
+        "SELECT extract(epoch FROM expires_at)::float8 * 1000 FROM queue_jobs_grants",
+    )
+    .await;
+    let expected = (window_end as f64).min(at + 10_000.0);
+    assert!(
+        (expires_ms - expected).abs() < 1.0,
+        "expires at {expires_ms}, not {expected} (granted at {at}, window ends {window_end})"
+    );
+    db.drop_db().await;
+}
+
+async fn count_f64(db: &TestDb, sql: &'static str) -> f64 {
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
 }

@@ -2603,6 +2603,47 @@ fn worker_processes_on_grants_never_exceed_the_queue_rate() {
     );
 }
 
+/// Six worker processes of eight slots each, claiming at most eight jobs at a time (each job
+/// 5 ms of work), on 48 partitions of ten jobs (due in turns), each partition allowed eight
+/// starts in any two seconds, room grants on: far from the rate the handles claim on grants
+/// (charged whole to the queue's tally, one job of a slot of partition keys a claim), near it
+/// under the lock, which counts the grants' charges, and per partition the claims on grants
+/// and what the live grants may still start. Read from the table all along (`claimed_at`: a
+/// claim on a grant starts its jobs within the window its grant is charged to), no partition
+/// ever has more than eight claims within two seconds, grants were made, and the rate binds
+/// (ten starts of a partition take more than a window).
+#[test]
+fn worker_processes_on_grants_never_exceed_the_partition_rate() {
+    let limits = queue_core::QueueLimits {
+        rate_per_partition: Some(queue_core::RateLimit::new(8, Duration::from_secs(2)).unwrap()),
+        ..queue_core::QueueLimits::NONE
+    };
+    let jobs: Vec<NewJob> = (0..10)
+        .flat_map(|n| {
+            (0..48)
+                .map(move |p| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{p}")))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let (most, grants) = run_limited_workers_after(
+        Some((ROOM_GRANTS_ON, GRANTS_MADE)),
+        limits,
+        jobs,
+        (MOST_CLAIMS_OF_A_PARTITION_IN_TWO_SECONDS, 8),
+        (6, 8, 8, 5),
+        Hold::No,
+    );
+    assert!(
+        (1..=8).contains(&most),
+        "at most eight of a partition in two seconds: {most}"
+    );
+    assert!(grants > 0, "no grant was made");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "ten starts of a partition at eight per two seconds take more than a window"
+    );
+}
+
 /// A worker process that holds room granted to it is killed (SIGKILL: nothing returns its
 /// grant). Its grant still counts against the limit, expired or not, until a grant statement
 /// of another handle deletes it once it expired (its expiry passed here by the database's
@@ -3125,12 +3166,12 @@ async fn claimed_names(queue: &queue_postgres::PgQueue, batch: u32) -> Vec<Strin
 /// While the queue's tally leaves room for a whole claim, a claim reads no partition's log and
 /// writes one row of `queue_jobs_claim_starts`; the first claim that could bring a partition to
 /// its rate folds those rows into the partitions' logs and counts per partition; removing the
-/// rate forgets the tally and the rows.
+/// rate forgets the tally and the rows. (Room grants off: the claims without grants.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_far_under_the_partition_rate_log_one_row_each_until_folded() {
     use queue_core::{Admin, QueueLimits, RateLimit};
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for n in 0..6 {
         partitioned(&queue, &format!("a{n}"), "a", false).await;
     }
@@ -3223,11 +3264,11 @@ async fn expire_lease(pool: &sqlx::PgPool, name: &str) {
 /// count per partition (one row of `queue_jobs_claim_starts` each, no partition's log read or
 /// written, nothing folded). Claims of six jobs against five starts a partition: the queue's
 /// sum never leaves room for one, so a tally of the sum alone counts per partition from the
-/// first claim on.
+/// first claim on. (Room grants off: the claims without grants.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_of_many_partitions_far_under_their_rate_count_by_slot() {
     let db = TestDb::new().await;
-    let queue = support::connect_default::<queue_postgres::Sqlx>(&db).await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
     for n in 0..42 {
         partitioned(&queue, &format!("p{n}"), &format!("key-{n}"), false).await;
     }

@@ -277,7 +277,8 @@ async fn an_operator_reads_the_overview_and_retries_a_dead_job_in_a_browser() {
     };
     let mail = Admin::for_queue(&queue, queue_core::QueueName::new("mail").unwrap());
     mail.set_limits(mail_limits).await.unwrap();
-    // Shown with the limits (a queue with a rate gets no grant: nothing else changes).
+    // Shown with the limits (one job of a partition at a time gets no grant: nothing else
+    // changes).
     assert!(mail.set_room_grants(true).await.unwrap());
     // Two schedules of mail: one reported just now, one no scheduler reported for a day.
     let now = chrono::Utc::now();
