@@ -8,8 +8,11 @@
 -- Picks as claim.sql does, keeping at most the grant's jobs_left jobs, takeovers included (a
 -- takeover puts no job in flight, but it starts one, which the queue's rate counts), and at
 -- most its per_claim pending jobs of one partition (the earliest; rows picked and not kept
--- stay locked only until the commit), and spends the grant in the same statement: jobs_left
--- less its jobs, claims_left less one. The spend's guard is in the update's
+-- stay locked only until the commit); under a rate per partition, at most per_claim jobs of
+-- one slot of partition keys (claim_slot.sql), takeovers included, in claim order (sql.rs
+-- renders those candidates), and its jobs per partition logged in a row of
+-- "{{table}}_claim_starts". It spends the grant in the same statement: jobs_left less its
+-- jobs, claims_left less one. The spend's guard is in the update's
 -- WHERE, read again on the newest version of the grant's row (two connections of one handle
 -- cannot both spend its last room), backed by the table's CHECKs; the grant must also not have
 -- expired. When the grant's row is gone (deleted: returned, expired and swept, the queue's
@@ -25,7 +28,10 @@
 -- most per_claim of any one partition in flight (and no more than its new jobs), while the
 -- least of the grant's per_claim * claims_left and jobs_left falls by at least as many. The
 -- queue's rate: the grant was logged as all its jobs started (grant.sql), and its claims start
--- no more, each before the grant expires (the spend's guard reads the clock).
+-- no more, each before the grant expires (the spend's guard reads the clock). The rate per
+-- partition: the grant was charged to the queue's tally as its claims starting per_claim of
+-- every slot each and its jobs in all (grant.sql), each before it expires, by the end of the
+-- window it was charged to.
 WITH room AS MATERIALIZED (
     -- per_slot: the queue has a rate per partition, so per_claim caps a slot of partition
     -- keys (claim_slot.sql), not a partition (its limits changed since the grant would have
@@ -44,9 +50,7 @@ plain AS MATERIALIZED (
 due AS MATERIALIZED (
     SELECT p.id, p.next_attempt_at, p.priority, p.reclaims, p.expired, p.partition_key
     FROM (SELECT p.*,
-                 row_number() OVER (PARTITION BY CASE WHEN (SELECT per_slot FROM room)
-                                                      THEN ({{slot}})::text
-                                                      ELSE p.partition_key END
+                 row_number() OVER (PARTITION BY p.partition_key
                                     ORDER BY p.next_attempt_at, p.priority, p.id) AS nth
           FROM plain AS p) AS p
     WHERE p.partition_key IS NULL OR p.nth <= (SELECT per_claim FROM room)

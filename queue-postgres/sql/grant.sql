@@ -153,11 +153,12 @@ tallied AS MATERIALIZED (
            CASE t.ahead WHEN 0 THEN (c.tally ->> 'slot_before')::bigint + v.untracked + v.top
                         WHEN 1 THEN CASE WHEN v.kept THEN v.top + v.untracked ELSE v.jobs END
                         ELSE 0 END AS bound,
-           -- A claim's cap a slot: four times the batch's share of the slots (a batch of 250
-           -- spread over many partitions picks about 0.5 a slot; a cap of two holds back about
-           -- one job a claim), or half the most of one slot among the next batch due (a backlog
-           -- of few partitions), whichever is more.
-           GREATEST(1, ceil(4.0 * $3::bigint / {{slot_count}}),
+           -- A claim's cap a slot: three times the batch's share of the slots (a batch of 500
+           -- spread over many partitions picks about one of a slot; a cap of three holds back
+           -- about ten jobs a claim, two about fifty), or half the most of one slot among the
+           -- next batch due (a backlog of few partitions), whichever is more. Every claim of
+           -- the grant is charged the cap in every slot, whatever it picks.
+           GREATEST(1, ceil(3.0 * $3::bigint / {{slot_count}}),
                     -- (A CASE runs its subquery only when it is read.)
                     ceil(CASE WHEN c.key_per_ms IS NOT NULL THEN (SELECT count(*)::float8 / 2
                           FROM (SELECT {{due_slot}} AS slot

@@ -670,16 +670,23 @@ const GRANTED_PICKS: Picks<'static> = Picks {
 
 /// `claim_granted.sql` for `table`: the claim on room granted to the queue handle.
 pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
-    // Under a rate per partition, takeovers count against the cap of their slot with the
-    // due picks, in the claim's order (the spend's guard is then only a backstop).
+    // Under a rate per partition, per_claim caps a slot of partition keys: the due picks and
+    // the takeovers of each slot together, in the claim's order (the spend's guard is then only
+    // a backstop). Otherwise every due pick (capped per partition) and takeover, as claim.sql
+    // chooses: the ranked branch does not run (its condition is read once).
     let slot = slot_of("c.partition_key", PARTITION_SLOTS)?;
     let candidates = format!(
-        "(SELECT c.* FROM (SELECT c.*, row_number() OVER ( \
-             PARTITION BY CASE WHEN (SELECT per_slot FROM room) THEN ({slot})::text END \
-             ORDER BY c.next_attempt_at, c.priority, c.id) AS slot_nth \
-           FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c) AS c \
-         WHERE c.partition_key IS NULL OR NOT (SELECT per_slot FROM room) \
-            OR c.slot_nth <= (SELECT per_claim FROM room)) AS candidates"
+        "(SELECT * FROM due WHERE NOT (SELECT per_slot FROM room) \
+          UNION ALL SELECT * FROM expired WHERE NOT (SELECT per_slot FROM room) \
+          UNION ALL \
+          SELECT c.id, c.next_attempt_at, c.priority, c.reclaims, c.expired, c.partition_key \
+          FROM (SELECT c.*, row_number() OVER (PARTITION BY ({slot}) \
+                                               ORDER BY c.next_attempt_at, c.priority, c.id) \
+                           AS slot_nth \
+                FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c \
+                WHERE (SELECT per_slot FROM room)) AS c \
+          WHERE c.partition_key IS NULL OR c.slot_nth <= (SELECT per_claim FROM room)) \
+         AS candidates"
     );
     let (due, picks) = claim_parts_among(table, &GRANTED_PICKS, &candidates, "")?;
     for_table_with(

@@ -280,7 +280,7 @@ struct Options {
     /// Switch the queue's room grants on or off (PostgreSQL, `PostgresQueue::set_room_grants`;
     /// `--room-grants` alone is on). Without it the queue's row starts with them on (the
     /// default of `PgQueueConfig::room_grants_for_new_queues`): with limits in flight or a
-    /// queue rate (no rate per partition), each worker's handle claims on room granted for
+    /// rate (per queue or per partition), each worker's handle claims on room granted for
     /// several claims; off, it claims ahead of the queue's row lock.
     #[arg(long, num_args = 0..=1, default_missing_value = "on",
           value_parser = clap::builder::BoolishValueParser::new())]
