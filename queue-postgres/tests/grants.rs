@@ -138,10 +138,13 @@ async fn claim_on(
         .count())
 }
 
-/// A claim of `batch` under the queue's lock (`claim_limited.sql`) on `conn`: the jobs it took.
-async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
-    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
-    sqlx::query(sqlx::AssertSqlSafe(locked))
+/// The rows of the claim `sql` (`claim_limited.sql` or `claim_turns.sql`) of `batch` on `conn`.
+async fn claim_rows(
+    conn: &mut sqlx::PgConnection,
+    sql: String,
+    batch: i64,
+) -> Vec<sqlx::postgres::PgRow> {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind("default")
         .bind(batch)
         .bind(90.0_f64)
@@ -152,6 +155,13 @@ async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
         .fetch_all(conn)
         .await
         .unwrap()
+}
+
+/// A claim of `batch` under the queue's lock (`claim_limited.sql`) on `conn`: the jobs it took.
+async fn claim_under_lock(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
+    let locked = queue_postgres::testing::claim_limited_sql(&TableName::default());
+    claim_rows(conn, locked, batch)
+        .await
         .iter()
         .filter(|row| row.get::<Option<String>, _>("marker").is_none())
         .count()
@@ -167,17 +177,7 @@ async fn claim_in_turns(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
         queue_postgres::testing::claim_limited_sql(&table),
         queue_postgres::testing::claim_turns_sql(&table),
     ] {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind("default")
-            .bind(batch)
-            .bind(90.0_f64)
-            .bind(5_i32)
-            .bind("locked")
-            .bind(7_i64)
-            .bind(Vec::<i64>::new())
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
+        let rows = claim_rows(conn, sql, batch).await;
         let markers: Vec<Option<String>> = rows.iter().map(|row| row.get("marker")).collect();
         taken += markers.iter().filter(|marker| marker.is_none()).count();
         assert!(

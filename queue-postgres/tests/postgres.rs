@@ -234,18 +234,7 @@ async fn a_finalize_whose_commit_reply_was_lost_is_reported_applied<D: TestDrive
 /// Returns once a row of the default table meets `condition`; fails after 30 s, saying `what`.
 async fn wait_for_row(db: &TestDb, condition: &str, what: &str) {
     let sql = format!("SELECT count(*) FROM queue_jobs WHERE {condition}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if seen > 0 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::task::yield_now().await;
-    }
+    support::wait_for_count(db, &sql, Duration::from_secs(30), what).await;
 }
 
 /// A bulk enqueue by `COPY` dropped by its caller after the data went out (a timeout around a

@@ -201,9 +201,15 @@ pub async fn wait_for_activity(db: &TestDb, condition: &'static str, what: &str)
     let sql = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    wait_for_count(db, &sql, Duration::from_secs(10), what).await;
+}
+
+/// Returns once `sql` (a count) counts more than zero on `db`; fails after `within`, saying
+/// `what`.
+pub async fn wait_for_count(db: &TestDb, sql: &str, within: Duration, what: &str) {
+    let deadline = std::time::Instant::now() + within;
     loop {
-        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&db.pool)
             .await
             .unwrap();
