@@ -7,9 +7,21 @@
 -- lock.
 --
 -- Parameters: $1 queue; $2 the grant.
-WITH swept AS (
+WITH locked AS MATERIALIZED (
+    -- Under a rate, the queue's row first, as the grant statement and the trigger that
+    -- deletes grants take it before the grant's row (the other order deadlocks with them).
+    SELECT c.queue
+    FROM "{{table}}_queues" AS c
+    WHERE c.queue = $1
+      AND ((c.rate_starts IS NOT NULL AND c.rate_per_ms IS NOT NULL)
+           OR (c.partition_rate_starts IS NOT NULL AND c.partition_rate_per_ms IS NOT NULL))
+    FOR UPDATE
+),
+swept AS (
     DELETE FROM "{{table}}_grants" AS g
     WHERE g.queue = $1 AND g.grant_id = $2
+      -- Read before the delete: the lock above is taken first.
+      AND (SELECT count(*) FROM locked) >= 0
     RETURNING {{swept_returning}}
 )
 UPDATE "{{table}}_queues" AS c

@@ -69,6 +69,11 @@ fn grants_room(limits: &QueueLimits, room_grants: bool) -> bool {
             || limits.rate_per_partition.is_some())
 }
 
+/// How many times a claim under the queue's lock folds the claims logged for the rate per
+/// partition before it counts per partition (`fold_starts.sql`): claims on grants may log 64
+/// more meanwhile, each fold takes them all.
+const MOST_FOLDS_UNDER_THE_LOCK: u32 = 4;
+
 /// How many claims a grant is for at most (`grant.sql`; fewer under a low `max_per_partition`):
 /// its count of the queue's jobs in flight and its write of the queue's row are shared by so
 /// many claims. Workers whose slots free a few at a time make many small claims: eight claims
@@ -787,7 +792,7 @@ impl<D: Driver> PostgresQueue<D> {
         if fold {
             statement::fold_starts::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
         }
-        let mut folded = fold;
+        let mut folds = u32::from(fold);
         loop {
             let rest = rest_of(request, jobs.len());
             let claim =
@@ -799,12 +804,13 @@ impl<D: Driver> PostgresQueue<D> {
                 form = LimitedForm::Pick;
                 continue;
             }
-            // A claim that came here stale may find it must fold first; once folded under the
-            // lock nothing is left to fold (a second request would be a defect, and claiming
-            // nothing the safe answer to it).
-            if claim.fold && !folded {
+            // A claim that came here stale may find it must fold first. Under the lock only
+            // claims on grants, which take no lock, add rows to fold (claim_to_fold.sql asks
+            // once 64 of them are there): a few folds at most, then claiming nothing is the
+            // safe answer.
+            if claim.fold && folds < MOST_FOLDS_UNDER_THE_LOCK {
                 statement::fold_starts::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
-                folded = true;
+                folds += 1;
                 continue;
             }
             if !claim.turns || form == LimitedForm::Turns || jobs.len() >= batch(request) {

@@ -1401,3 +1401,44 @@ async fn a_grant_under_a_partition_rate_ends_with_its_window() {
 async fn count_f64(db: &TestDb, sql: &'static str) -> f64 {
     sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
 }
+
+/// A handle's return of its grant (`return_grant.sql`) under a rate takes the queue's row
+/// before the grant's, as the grant statement and the trigger do: a return waiting behind a
+/// grant statement that holds the row and then deletes the same grant (expired: the grants of
+/// a window all expire at its end) goes on once that commits, and neither deadlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_takes_the_queues_row_before_the_grants() {
+    let db = TestDb::new().await;
+    granting::<Sqlx>(&db, per_partition_a_day(400), partitioned_jobs(3, "k0")).await;
+    let (grant, ..) = ask_grant(&db, 5, None).await.expect("a grant");
+    sqlx::query("UPDATE queue_jobs_grants SET expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    lock_queue(&mut tx).await;
+    let returned = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(
+                queue_postgres::testing::return_grant_sql(&TableName::default()),
+            ))
+            .bind("default")
+            .bind(grant)
+            .execute(&pool)
+            .await
+        }
+    });
+    support::wait_for_a_lock_wait(&db, "the return waits for the queue's row").await;
+    let fresh = grant_under_lock(&mut tx, 5, None, Duration::from_secs(2)).await;
+    assert!(fresh.is_some(), "the expired grant swept, another given");
+    tx.commit().await.unwrap();
+    let returned = returned.await.unwrap().expect("no deadlock");
+    assert_eq!(
+        returned.rows_affected(),
+        0,
+        "the grant was gone: nothing to give back"
+    );
+    assert_eq!(grants(&db).await, 1, "the new grant");
+    db.drop_db().await;
+}

@@ -222,6 +222,13 @@ pub fn grant_sql(table: &TableName) -> [String; 2] {
     [sql.lock_queue.to_string(), sql.grant.to_string()]
 }
 
+/// The return of a grant by its queue handle (`return_grant.sql`), rendered for `table`: `$1`
+/// queue, `$2` the grant.
+pub fn return_grant_sql(table: &TableName) -> String {
+    let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
+    sql.return_grant.to_string()
+}
+
 /// The claim of a queue whose partitions take turns, rendered for `table`, for tests that read
 /// its plan: parameters as [`claim_sql`]'s.
 pub fn claim_turns_sql(table: &TableName) -> String {
