@@ -53,21 +53,22 @@
 -- of W, in all and per slot of partition keys, a partition's starts within the sliding window
 -- at most its slot's count plus the jobs the slots did not count (untracked, charged to every
 -- slot). A grant of G jobs for k claims that each start at most c jobs of any one slot
--- (per_claim, a slot's cap, which caps its partitions too; takeovers included, the claim's
--- guard) is charged to the tally whole at its instant: G to its jobs and the least of c * k
--- and G to its untracked jobs, so that every check of the tally (the claims under the lock, the next grants) counts
--- all the starts the grant's claims may make. Its c * k is at most a 1/{{grant_share}} share
--- of what the fullest slot leaves, and c at most a few times the batch's share of the slots.
--- The grant expires by the end of the tally's window, so all its starts fall in the window it
--- was charged to; the statement moves the tally to the instant's window itself (as a claim
--- under the lock would, claim_count_tally.sql), and grants only while the tally counts whole
--- windows of W with the clock not behind it. When it deletes a grant charged to the tally's
--- window, it gives back what the grant left unused (grant_tally_back.sql; return_grant.sql
--- does the same). A grant deleted otherwise (by the trigger, or after its window) keeps its
--- charge until the window passes. The counts per partition, which claims under the lock read when
--- the tally cannot bound them (claim_key_started.sql), read the jobs of each claim on a grant
--- from its row of "{{table}}_claim_starts" and every grant's room left; this statement prunes
--- those rows once they leave the window.
+-- (per_claim, a slot's cap, which caps its partitions too; takeovers included, ranked with the
+-- claim's picks) is charged to the tally whole at its instant: G to its jobs and the least of
+-- c * k and G to its untracked jobs, so that every check of the tally (the claims under the
+-- lock, the next grants) counts all the starts the grant's claims may make. Its c * k is at
+-- most a 1/{{grant_share}} share of what the fullest slot leaves; c is three times the batch's
+-- share of the slots, or half the most of one slot among the next batch due, if more. The
+-- grant expires by the end of the tally's window, so all its starts fall in the window it was
+-- charged to; the statement moves the tally to the instant's window itself (as a claim under
+-- the lock would, claim_count_tally.sql), and grants only while the tally counts whole windows
+-- of W with the clock not behind it. When it deletes a grant charged to the tally's window, it
+-- gives back what the grant left unused (grant_tally_back.sql; return_grant.sql does the
+-- same). A grant deleted otherwise (by the trigger, or after its window) keeps its charge
+-- until the window passes. The counts per partition, which claims under the lock read when the
+-- tally cannot bound them (claim_key_started.sql), read the jobs of each claim on a grant from
+-- its row of "{{table}}_claim_starts" and every grant's room left; this statement prunes those
+-- rows once they leave the window.
 --
 -- It deletes the expired grants and the spent ones (no job or no claim left), and the
 -- holder's grants in $6, so that their room comes back, whether it grants or not; a claim on
