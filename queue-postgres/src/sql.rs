@@ -376,11 +376,6 @@ const PLAIN_PICKS: Picks<'static> = Picks {
 /// The candidates of `claim.sql`'s picks: every due job and takeover.
 const ALL_CANDIDATES: &str = "(SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates";
 
-/// `claim_to_fold.sql` for `table`.
-fn to_fold(table: &TableName) -> Result<String, PgError> {
-    for_table(CLAIM_TO_FOLD, table)
-}
-
 /// `claim_key_started.sql` for `table`, for the partition key `key` (an SQL expression).
 fn key_started(table: &TableName, key: &str) -> Result<String, PgError> {
     for_table_with(CLAIM_KEY_STARTED, table, &[("key", key)])
@@ -501,6 +496,7 @@ impl LimitedEnds {
         let flag = |on: bool| if on { "true" } else { "false" };
         let lean = form == LimitedForm::Lean;
         let after_pick = form == LimitedForm::Pick;
+        let to_fold = for_table(CLAIM_TO_FOLD, table)?;
         let quota = for_table_with(
             CLAIM_QUOTA,
             table,
@@ -508,7 +504,7 @@ impl LimitedEnds {
                 ("lean", flag(lean)),
                 ("after_pick", flag(after_pick)),
                 ("tally", &tally(table, "c", "t.now_ms", "$2::bigint")?),
-                ("to_fold", &to_fold(table)?),
+                ("to_fold", &to_fold),
             ],
         )?;
         let rated = if after_pick {
@@ -516,7 +512,7 @@ impl LimitedEnds {
             for_table_with(
                 CLAIM_RATED,
                 table,
-                &[("slot", &slot), ("to_fold", &to_fold(table)?)],
+                &[("slot", &slot), ("to_fold", &to_fold)],
             )?
         } else {
             for_table(CLAIM_RATED_BEFORE_PICK, table)?
@@ -696,7 +692,6 @@ pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
             ("claim_due", &due),
             ("claim_picks", &picks),
             ("over", GRANT_OVER),
-            ("slot", &slot_of("p.partition_key", PARTITION_SLOTS)?),
             (
                 "claimed_slot",
                 &slot_of("cl.partition_key", PARTITION_SLOTS)?,

@@ -191,6 +191,18 @@ async fn claim_in_turns(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
     taken
 }
 
+/// Claims of `batch` in turns ([`claim_in_turns`]) until one takes nothing: the jobs taken.
+async fn claim_in_turns_until_none(conn: &mut sqlx::PgConnection, batch: i64) -> usize {
+    let mut taken = 0;
+    loop {
+        let claimed = claim_in_turns(conn, batch).await;
+        if claimed == 0 {
+            return taken;
+        }
+        taken += claimed;
+    }
+}
+
 /// The default queue's rate log, oldest first: each entry's instant less the clock's (ahead of
 /// it when positive), in milliseconds, its jobs and its grant's id (none but for a grant's).
 async fn rate_log(db: &TestDb) -> Vec<(f64, i64, Option<i64>)> {
@@ -1292,14 +1304,7 @@ async fn the_counts_per_partition_count_the_claims_on_grants() {
         .await
         .unwrap();
     assert_eq!(grants(&db).await, 0, "the change deleted the grant");
-    let mut taken = 0;
-    loop {
-        let claimed = claim_in_turns(&mut conn, 10).await;
-        if claimed == 0 {
-            break;
-        }
-        taken += claimed;
-    }
+    let taken = claim_in_turns_until_none(&mut conn, 10).await;
     assert_eq!(taken, 3, "four a window, one started on the grant");
     assert_eq!(in_flight(&db).await, 4);
     drop(conn);
@@ -1318,14 +1323,7 @@ async fn the_counts_per_partition_count_what_a_live_grant_may_start() {
     assert_eq!((claims_left, per_claim), (2, 1));
     let mut conn = db.pool.acquire().await.unwrap();
     assert_eq!(claim_on(&mut conn, grant, 1).await.unwrap(), 1);
-    let mut taken = 0;
-    loop {
-        let claimed = claim_in_turns(&mut conn, 10).await;
-        if claimed == 0 {
-            break;
-        }
-        taken += claimed;
-    }
+    let taken = claim_in_turns_until_none(&mut conn, 10).await;
     assert_eq!(
         taken, 6,
         "eight a window, one started on the grant and one it may start"

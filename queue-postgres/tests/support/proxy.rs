@@ -109,12 +109,8 @@ async fn to_server(
     // The end of the previous read, so a marker split across two reads is still seen.
     let mut tail: Vec<u8> = Vec::new();
     loop {
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            },
-            _ = cuts.changed() => break,
+        let Some(n) = read_or_cut(&mut from, &mut buf, &mut cuts).await else {
+            break;
         };
         {
             let mut armed = hold.armed.lock().unwrap();
@@ -138,6 +134,21 @@ async fn to_server(
     let _ = to.shutdown().await;
 }
 
+/// The next bytes from `from` into `buf`: `None` at its end, on an error, or at a cut.
+async fn read_or_cut(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    buf: &mut [u8],
+    cuts: &mut watch::Receiver<u64>,
+) -> Option<usize> {
+    tokio::select! {
+        read = from.read(buf) => match read {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some(n),
+        },
+        _ = cuts.changed() => None,
+    }
+}
+
 async fn to_client(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -147,12 +158,8 @@ async fn to_client(
     let mut cuts = hold.cuts.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            },
-            _ = cuts.changed() => break,
+        let Some(n) = read_or_cut(&mut from, &mut buf, &mut cuts).await else {
+            break;
         };
         // Held bytes wait for a release, or go with the connection at a cut.
         // A cut releases the hold after it moves, so looking at the cut first drops the bytes.
