@@ -101,6 +101,7 @@ async fn grant_under_lock(
         .bind(8_i64)
         .bind(i64::try_from(life.as_millis()).unwrap())
         .bind(previous.into_iter().collect::<Vec<i64>>())
+        .bind(true)
         .fetch_optional(conn)
         .await
         .unwrap();
@@ -1438,5 +1439,370 @@ async fn a_return_takes_the_queues_row_before_the_grants() {
         "the grant was gone: nothing to give back"
     );
     assert_eq!(grants(&db).await, 1, "the new grant");
+    db.drop_db().await;
+}
+
+/// An owning grant as `grant.sql` returns it: `(grant_id, claims_left, per_claim, shards)`.
+type OwnedRow = (i64, i32, i32, Option<i64>);
+
+/// [`ask_grant`] returning the grant's shards too, for a holder with claims running at once.
+async fn ask_owned(db: &TestDb, batch: i64, previous: &[i64]) -> Option<OwnedRow> {
+    ask_owned_as(db, batch, previous, true).await
+}
+
+/// [`ask_owned`] for a holder with claims running at once (`concurrent`) or not.
+async fn ask_owned_as(
+    db: &TestDb,
+    batch: i64,
+    previous: &[i64],
+    concurrent: bool,
+) -> Option<OwnedRow> {
+    let mut tx = db.pool.begin().await.unwrap();
+    lock_queue(&mut tx).await;
+    let [_, grant] = queue_postgres::testing::grant_sql(&TableName::default());
+    let row = sqlx::query(sqlx::AssertSqlSafe(grant))
+        .bind("default")
+        .bind("test")
+        .bind(batch)
+        .bind(8_i64)
+        .bind(2000_i64)
+        .bind(previous.to_vec())
+        .bind(concurrent)
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    row.map(|r| {
+        (
+            r.get("grant_id"),
+            r.get("claims_left"),
+            r.get("per_claim"),
+            r.get("shards"),
+        )
+    })
+}
+
+/// A claim of `batch` on the owning grant `grant` (`claim_owned.sql`) on `conn`, reading 4 000
+/// due jobs: the jobs it took (none when its pick binds).
+async fn claim_owned(
+    conn: &mut sqlx::PgConnection,
+    grant: i64,
+    batch: i64,
+) -> Result<usize, sqlx::Error> {
+    Ok(claim_owned_binding(conn, grant, batch).await?.0)
+}
+
+/// [`claim_owned`], and whether the claim said its pick binds (its row of `jobs_left` -1).
+async fn claim_owned_binding(
+    conn: &mut sqlx::PgConnection,
+    grant: i64,
+    batch: i64,
+) -> Result<(usize, bool), sqlx::Error> {
+    let sql = queue_postgres::testing::claim_owned_sql(&TableName::default());
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind("default")
+        .bind(batch)
+        .bind(90.0_f64)
+        .bind(5_i32)
+        .bind("owned")
+        .bind(43_i64)
+        .bind(Vec::<i64>::new())
+        .bind(grant)
+        .bind(4000_i64)
+        .fetch_all(conn)
+        .await?;
+    let taken = rows
+        .iter()
+        .filter(|row| row.get::<Option<i64>, _>("id").is_some())
+        .count();
+    let binds = rows
+        .iter()
+        .any(|row| row.get::<Option<i64>, _>("jobs_left") == Some(-1));
+    Ok((taken, binds))
+}
+
+/// The shard of partition keys (of 64) `key` is in, as the statements hash it.
+async fn shard_of(db: &TestDb, key: &str) -> u32 {
+    let shard: i32 = sqlx::query_scalar("SELECT (hashtextextended($1, 0) & 63)::integer")
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    u32::try_from(shard).unwrap()
+}
+
+/// Whether the shards `mask` hold the partition key `key`.
+async fn owns(db: &TestDb, mask: i64, key: &str) -> bool {
+    mask >> shard_of(db, key).await & 1 == 1
+}
+
+/// `n` jobs on each of the partitions `k0` to `k{keys - 1}`, due in turns.
+fn jobs_over(keys: usize, n: usize) -> Vec<NewJob> {
+    (0..keys * n)
+        .map(|i| NewJob::from_value(json!({ "n": i })).partition_key(format!("k{}", i % keys)))
+        .collect()
+}
+
+/// The most jobs in flight of one partition.
+async fn most_of_a_partition(db: &TestDb) -> i64 {
+    count(
+        db,
+        "SELECT COALESCE(max(n), 0) FROM (SELECT count(*) AS n FROM queue_jobs
+         WHERE status = 'in_flight' GROUP BY partition_key) AS k",
+    )
+    .await
+}
+
+/// The partitions with a job in flight whose shard the mask holds, and those whose shard it
+/// does not.
+async fn in_flight_by_ownership(db: &TestDb, mask: i64) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE ($1 >> (hashtextextended(partition_key, 0) & 63)::integer)
+                                       & 1 = 1),
+                count(*) FILTER (WHERE ($1 >> (hashtextextended(partition_key, 0) & 63)::integer)
+                                       & 1 = 0)
+         FROM queue_jobs WHERE status = 'in_flight'",
+    )
+    .bind(mask)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Under `max_per_partition = 2` a grant owns shards of the partition keys instead of a share
+/// of the limit (which would be short of one job): 32 of the 64 for the first, 22 (64 over the
+/// one owner plus two) for the second, the 10 left for the third, none for a fourth; every
+/// claim of them may put two of a partition in flight. One returned gives its shards to the
+/// next grant (16 of them: three owners then), disjoint from the others'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_under_a_low_partition_limit_own_disjoint_shards() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(2),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, jobs_over(200, 2)).await;
+    let mut taken = 0_i64;
+    let mut grants_given = Vec::new();
+    for size in [32, 22, 10] {
+        let (id, claims, per_claim, shards) = ask_owned(&db, 5, &[]).await.expect("a grant");
+        let shards = shards.expect("the grant owns shards");
+        assert_eq!((claims, per_claim), (8, 2));
+        assert_eq!(shards.count_ones(), size, "{shards:#x}");
+        assert_eq!(shards & taken, 0, "disjoint");
+        taken |= shards;
+        grants_given.push((id, shards));
+    }
+    assert_eq!(taken, -1, "every shard owned");
+    assert_eq!(ask_owned(&db, 5, &[]).await, None, "no shard free");
+    let (first, first_shards) = grants_given[0];
+    let (_, _, _, again) = ask_owned(&db, 5, &[first]).await.expect("a grant");
+    let again = again.expect("the grant owns shards");
+    assert_eq!(again.count_ones(), 16);
+    assert_eq!(
+        again & !first_shards,
+        0,
+        "only the returned grant's shards were free"
+    );
+    assert_eq!(grants(&db).await, 3);
+    db.drop_db().await;
+}
+
+/// A grant's first shard is the shard of the earliest due job: the grant takes it and the
+/// shards after it (the one before it stays free).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owning_grant_starts_at_the_earliest_due_jobs_shard() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    let mut jobs = partitioned_jobs(1, "first");
+    jobs.extend(jobs_over(100, 1));
+    let queue = support::connect_default::<Sqlx>(&db).await;
+    for job in jobs {
+        queue.enqueue(job).await.unwrap();
+    }
+    queue.set_limits(limits).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    let (_, _, _, shards) = ask_owned(&db, 5, &[]).await.expect("a grant");
+    let shards = shards.expect("the grant owns shards");
+    let first = shard_of(&db, "first").await;
+    assert_eq!(shards >> first & 1, 1, "the earliest due job's shard");
+    assert_eq!(
+        shards >> ((first + 63) % 64) & 1,
+        0,
+        "{shards:#x} starts at {first}"
+    );
+    db.drop_db().await;
+}
+
+/// Under `max_per_partition = 1` the claims under the lock leave the partitions of a grant's
+/// shards alone (their picks bind and the partitions taking turns give those no room), and
+/// the grant's claim takes one job of each of those partitions; its next claim, whose pick
+/// would put them at two, takes nothing: no partition ever has two in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_leaves_the_owned_shards_to_their_grant() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, jobs_over(256, 3)).await;
+    let (grant, _, _, shards) = ask_owned(&db, 50, &[]).await.expect("a grant");
+    let shards = shards.expect("the grant owns shards");
+    let mut owned = 0;
+    for k in 0..256 {
+        owned += i64::from(owns(&db, shards, &format!("k{k}")).await);
+    }
+    assert!(owned > 0 && owned < 256, "{owned} of the partitions owned");
+    let mut conn = db.pool.acquire().await.unwrap();
+    let under_lock = claim_in_turns_until_none(&mut conn, 50).await;
+    assert_eq!(
+        under_lock as i64,
+        256 - owned,
+        "one job of every partition not owned"
+    );
+    assert_eq!(in_flight_by_ownership(&db, shards).await, (0, 256 - owned));
+    // The earliest due of the owned shards are one job of each owned partition.
+    let on_grant = claim_owned_binding(&mut conn, grant, owned).await.unwrap();
+    assert_eq!(
+        on_grant,
+        (owned as usize, false),
+        "one job of every owned partition"
+    );
+    assert_eq!(most_of_a_partition(&db).await, 1);
+    assert_eq!(
+        claim_owned_binding(&mut conn, grant, 50).await.unwrap(),
+        (0, true),
+        "every owned partition at its limit"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// Two claims on one owning grant at once: the second's snapshot predates the first's commit,
+/// so it may not count the jobs the first put in flight; its spend is a compare-and-set on the
+/// grant's claims left as its snapshot read them, so it is refused, undone, once the first
+/// commits (here it took a job without a partition key, which the first left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_an_owning_grant_that_another_spent_since_its_snapshot_is_refused() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1),
+        ..QueueLimits::NONE
+    };
+    let queue = support::connect_default::<Sqlx>(&db).await;
+    // A partition of the grant's first shard, then a job without a key.
+    queue
+        .enqueue(partitioned_jobs(1, "a").remove(0))
+        .await
+        .unwrap();
+    queue.enqueue_many(plain_jobs(1)).await.unwrap();
+    queue.set_limits(limits).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    let (grant, _, _, shards) = ask_owned(&db, 5, &[]).await.expect("a grant");
+    assert!(owns(&db, shards.unwrap(), "a").await);
+    let mut first = db.pool.begin().await.unwrap();
+    assert_eq!(claim_owned(&mut first, grant, 1).await.unwrap(), 1);
+    let second = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            claim_owned(&mut conn, grant, 5).await
+        }
+    });
+    support::wait_for_a_lock_wait(&db, "the second claim never waited for the grant").await;
+    first.commit().await.unwrap();
+    assert_refused(second.await.unwrap());
+    assert_eq!(in_flight(&db).await, 1, "the second claim left nothing");
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        claim_owned(&mut conn, grant, 5).await.unwrap(),
+        1,
+        "the loose job"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+/// A grant of the kind a queue no longer grants (here: one of room in every partition, made
+/// before the limit fell below the owning grants' threshold by hand, past the trigger that
+/// deletes them) keeps any grant of the other kind from being made while it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_owning_grant_beside_a_grant_of_the_other_kind() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(1000),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, jobs_over(100, 2)).await;
+    let (_, _, _, shards) = ask_owned(&db, 5, &[]).await.expect("a grant");
+    assert_eq!(shards, None, "room in every partition");
+    sqlx::raw_sql(
+        "ALTER TABLE queue_jobs_queues DISABLE TRIGGER queue_jobs_grants_reset;
+         UPDATE queue_jobs_queues SET max_per_partition = 2;
+         ALTER TABLE queue_jobs_queues ENABLE TRIGGER queue_jobs_grants_reset;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        ask_owned(&db, 5, &[]).await,
+        None,
+        "not beside the other kind"
+    );
+    db.drop_db().await;
+}
+
+/// A holder whose claims run one at a time gets no grant that owns shards (its claims keep the
+/// queue-wide claim order, under the lock), and, the limit being low, no other grant either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_claiming_one_at_a_time_gets_no_owning_grant() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(2),
+        ..QueueLimits::NONE
+    };
+    granting::<Sqlx>(&db, limits, jobs_over(100, 2)).await;
+    assert_eq!(ask_owned_as(&db, 5, &[], false).await, None);
+    assert!(ask_owned_as(&db, 5, &[], true).await.is_some());
+    db.drop_db().await;
+}
+
+/// A claim on an owning grant whose pick would put a partition over its limit (counting its
+/// jobs in flight) takes nothing, takeovers included, and says so: the partitions take turns
+/// under the lock. Under the limit it takes its pick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_an_owning_grant_whose_pick_binds_takes_nothing() {
+    let db = TestDb::new().await;
+    let limits = QueueLimits {
+        max_per_partition: Some(2),
+        ..QueueLimits::NONE
+    };
+    let queue = support::connect_default::<Sqlx>(&db).await;
+    queue.enqueue_many(partitioned_jobs(3, "a")).await.unwrap();
+    queue.set_limits(limits).await.unwrap();
+    assert!(queue.set_room_grants(true).await.unwrap());
+    let (grant, _, _, shards) = ask_owned(&db, 5, &[]).await.expect("a grant");
+    assert!(owns(&db, shards.unwrap(), "a").await);
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        claim_owned_binding(&mut conn, grant, 5).await.unwrap(),
+        (0, true),
+        "three of a"
+    );
+    assert_eq!(in_flight(&db).await, 0);
+    assert_eq!(
+        claim_owned_binding(&mut conn, grant, 2).await.unwrap(),
+        (2, false)
+    );
+    assert_eq!(
+        claim_owned_binding(&mut conn, grant, 1).await.unwrap(),
+        (0, true),
+        "a has two in flight"
+    );
+    assert_eq!(in_flight(&db).await, 2);
+    drop(conn);
     db.drop_db().await;
 }
