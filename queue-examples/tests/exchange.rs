@@ -801,9 +801,9 @@ fn exchange_upgrade() -> LegacyUpgrade {
 
 /// The versions under which the exchange commits the generated files, in their order (0005,
 /// between the columns and the backfill, is the exchange's own; the partition index, which a
-/// later framework release added, came after the exchange's 0015, and the later table
-/// migrations, the fence of room grants and owned grants, after it).
-const GENERATED_VERSIONS: [i64; 13] = [
+/// later framework release added, came after the exchange's 0015, and the fence of room
+/// grants, a later table migration, after it).
+const GENERATED_VERSIONS: [i64; 12] = [
     20260101000004,
     20260101000006,
     20260101000007,
@@ -816,7 +816,6 @@ const GENERATED_VERSIONS: [i64; 13] = [
     20260101000013,
     20260101000014,
     20260101000017,
-    20260101000018,
 ];
 
 /// A generated migration as committed: sqlx's `-- no-transaction` first where there is one,

@@ -1,7 +1,6 @@
 -- Whether a limited claim's pick would put a partition over its room (claim_limited.sql renders
 -- it as its CTE binding, after plain and quota; its lean form, for a queue without limits per
--- partition, renders the constant false instead). Parameters as claim.sql's. A pick of a shard
--- of partition keys a grant owns (the quota's owned; claim_owned.sql) binds.
+-- partition, renders the constant false instead). Parameters as claim.sql's.
     -- One hash aggregate over the picks and the queue's in-flight rows by key: a key binds when
     -- it has a pick and more rows than max_per_partition. The quota's held object
     -- (claim_turns.sql's) costs more to build; this form does not read it, so PostgreSQL never
@@ -13,13 +12,7 @@
     -- pays that walk on top of the aggregate. With a rate per partition, a key
     -- binds too when it has more picks than its claims within the window leave (one read of
     -- its log by primary key per picked key).
-    -- A pick of a shard a grant owns binds (claim_turns.sql leaves its partition out).
-    SELECT EXISTS (
-        SELECT 1
-        FROM plain AS p
-        WHERE p.partition_key IS NOT NULL AND (SELECT owned FROM quota) IS NOT NULL
-          AND ((SELECT owned FROM quota) >> {{pick_shard}}) & 1 = 1)
-    OR ((SELECT per_partition FROM quota) IS NOT NULL
+    SELECT ((SELECT per_partition FROM quota) IS NOT NULL
         AND (SELECT n.picks
                     + (SELECT count(*)
                        FROM (SELECT 1

@@ -45,9 +45,7 @@
 -- is taken off the limits the claim applies: max_in_flight less the grants' jobs_left, and
 -- max_per_partition less the least of their per_claim * claims_left and jobs_left (a grant's
 -- claims may each put per_claim of any one partition in flight, and no more than its jobs), every grant counted until its row is deleted, expired
--- or not. A grant that owns shards of the partition keys (table migration 20261214000001)
--- takes their pending jobs off this claim instead (owned: the claim binds on them,
--- claim_binding.sql, and claim_turns.sql gives their partitions no room, claim_walk_room.sql). The grants are read from the statement's snapshot, which, unless stale, is younger
+-- or not. The grants are read from the statement's snapshot, which, unless stale, is younger
 -- than every grant (a grant moves the claims counter): a claim on a grant that committed since
 -- moved its jobs from the grant's jobs_left, which the snapshot counts, into the in-flight
 -- rows, which it does not, so the sum is never short. grant.sql leaves both limits at least 1.
@@ -62,12 +60,8 @@ control AS MATERIALIZED (
            CASE WHEN c.room_grants AND c.max_per_partition IS NOT NULL
                 THEN c.max_per_partition
                      - (SELECT COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint
-                        FROM "{{table}}_grants" AS g WHERE g.queue = $1 AND g.shards IS NULL)
+                        FROM "{{table}}_grants" AS g WHERE g.queue = $1)
                 ELSE c.max_per_partition END AS max_per_partition,
-           -- The shards grants own (NULL for none): their pending jobs are not this claim's.
-           CASE WHEN c.max_per_partition IS NOT NULL AND c.room_grants
-                THEN (SELECT bit_or(g.shards) FROM "{{table}}_grants" AS g WHERE g.queue = $1)
-           END AS owned,
            c.partition_cursor, c.partition_rate_starts,
            c.partition_rate_per_ms, c.partition_tally, c.partition_slots
     FROM "{{table}}_queues" AS c
@@ -92,7 +86,6 @@ quota AS MATERIALIZED (
                      OR l.refused THEN 0
            ELSE r.room END AS all_jobs,
            c.max_per_partition AS per_partition,
-           c.owned,
            c.partition_cursor AS cursor_key,
            (c.max_per_partition IS NOT NULL OR g.per_ms IS NOT NULL) AS partitioned,
            CASE WHEN NOT g.unbound THEN c.partition_rate_starts END AS key_rate_starts,
@@ -141,8 +134,7 @@ quota AS MATERIALIZED (
                END AS room
     ) AS r
     UNION ALL
-    SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::bigint, NULL::text, false,
-           NULL::integer,
+    SELECT false, $2::bigint, $2::bigint, NULL::integer, NULL::text, false, NULL::integer,
            NULL::bigint, NULL::bigint, false, false, false, false, NULL::bigint, NULL::integer[],
            false, clock_timestamp(),
            extract(epoch FROM clock_timestamp())::float8 * 1000

@@ -25,7 +25,7 @@
 WITH RECURSIVE {{claim_quota}},
 {{rated}},
 walking AS MATERIALIZED (
-    SELECT q.per_partition, q.cursor_key, q.new_jobs, q.key_rate_starts, q.owned
+    SELECT q.per_partition, q.cursor_key, q.new_jobs, q.key_rate_starts
     FROM quota AS q
     WHERE q.partitioned AND q.new_jobs > 0
       AND NOT EXISTS (SELECT 1 FROM "{{table}}_queues" AS c

@@ -7,9 +7,7 @@
 -- Parameters: $1 queue; $2 the holder's name (NULL for none); $3 the batch its claims ask for;
 -- $4 how many claims at most; $5 the grant's life in milliseconds (the database's clock; no
 -- longer than the queue's rate's window, when it has one); $6 the holder's grants spent to
--- their end, returned here (deleted; empty for none); $7 whether the holder may take a grant
--- that owns shards (below: it has claims running at once). Returns the grant (shards: the shards it
--- owns, NULL for a grant of room in every partition; below), or no row when none
+-- their end, returned here (deleted; empty for none). Returns the grant, or no row when none
 -- is granted: the queue's switch is off, it has no limit, it is paused, the room its limits
 -- leave is too short for a batch, or its tally of the rate per partition cannot be charged
 -- (below). Then claim under the lock.
@@ -72,25 +70,6 @@
 -- its row of "{{table}}_claim_starts" and every grant's room left; this statement prunes those
 -- rows once they leave the window.
 --
--- Grants that own shards (table migration 20261214000001): under a max_per_partition below
--- {{owned_below}} and no rate per partition, the share of the room per partition above is short
--- of one job for small limits, so a grant owns shards of the partition keys instead (shards, a
--- bit each of 64, a key's shard claim_slot.sql's of 64): only its claims put pending jobs of
--- their partitions in flight while its row lives (claim_owned.sql; the claims under the lock
--- leave them out), so they count those partitions exactly and need no share of the limit. It
--- takes the free shards (those no grant owns that this statement does not delete), as many as
--- 64 over the owning grants plus two (so that each new grant finds some free and the claims
--- under the lock keep some), starting from the shard of the earliest due job among the next
--- batch due that is in a free shard (so that the partitions due first are served first), or a
--- free shard the clock picks, then the next free ones in order. Only a holder with claims
--- running at once gets one ($7; no grant otherwise): claims one at a time gain nothing over
--- the lock, and keep queue_core::partition's rule whole (the claim order queue-wide, not a
--- shard's). Its claims are $4, its per_claim max_per_partition. The queue's other limits size
--- its jobs as above. A queue
--- never has grants of both kinds at once: a grant is given only while every grant that stays
--- is of its kind (the limits that choose the kind delete the grants when they change, the
--- queue's trigger; the check covers a release that chose otherwise).
---
 -- It deletes the expired grants and the spent ones (no job or no claim left), and the
 -- holder's grants in $6, so that their room comes back, whether it grants or not; a claim on
 -- a grant it deletes finds no row and fails (claim_granted.sql). A grant moves the row's
@@ -104,9 +83,6 @@ WITH control AS MATERIALIZED (
            CASE WHEN c.partition_rate_starts IS NOT NULL THEN c.partition_rate_per_ms END
                AS key_per_ms,
            c.partition_tally AS tally, c.partition_slots AS slots,
-           -- Grants of this queue own shards (above).
-           (c.max_per_partition IS NOT NULL AND c.max_per_partition < {{owned_below}}
-            AND (c.partition_rate_starts IS NULL OR c.partition_rate_per_ms IS NULL)) AS owning,
            -- The instant the grant counts by, once the lock is held (one for the statement).
            clock_timestamp() AS now_at
     FROM "{{table}}_queues" AS c
@@ -119,48 +95,6 @@ swept AS (
            OR g.grant_id = ANY ($6::bigint[]))
     RETURNING {{swept_returning}}
 ),
-owners AS MATERIALIZED (
-    -- The grants that stay: the snapshot's, less those this statement deletes. taken, the
-    -- shards they own; owning, how many own some; other_kind, whether any is not of the kind
-    -- this queue grants now.
-    SELECT COALESCE(bit_or(g.shards), 0)::bigint AS taken,
-           count(g.shards) AS owning,
-           COALESCE(bool_or((g.shards IS NOT NULL) IS DISTINCT FROM c.owning)
-                        FILTER (WHERE g.grant_id IS NOT NULL), false) AS other_kind
-    FROM control AS c
-    LEFT JOIN "{{table}}_grants" AS g
-           ON g.queue = $1 AND g.grant_id NOT IN (SELECT x.grant_id FROM swept AS x)
-),
-shards AS MATERIALIZED (
-    -- An owning grant's shards (NULL for a grant of the other kind, or when none is free).
-    SELECT CASE WHEN c.owning THEN (
-               SELECT bit_or(1::bigint << f.shard)
-               FROM (SELECT (st.first + i) % 64 AS shard
-                     FROM generate_series(0, 63) AS i
-                     WHERE ((~o.taken) >> ((st.first + i) % 64)) & 1 = 1
-                     ORDER BY i
-                     LIMIT ceil(64.0 / (o.owning + 2))::bigint) AS f) END AS mask
-    FROM control AS c
-    CROSS JOIN owners AS o
-    CROSS JOIN LATERAL (
-        -- The earliest due job's shard among the next batch due, when free; else the clock's.
-        SELECT COALESCE(
-                   CASE WHEN c.owning THEN (
-                       SELECT d.shard
-                       FROM (SELECT {{due_shard}} AS shard, j.next_attempt_at, j.priority, j.id
-                             FROM (SELECT j.partition_key, j.next_attempt_at, j.priority, j.id
-                                   FROM "{{table}}" AS j
-                                   WHERE j.queue = $1 AND j.status = 'pending'
-                                     AND j.next_attempt_at <= now()
-                                   ORDER BY j.next_attempt_at, j.priority, j.id
-                                   LIMIT $3) AS j
-                             WHERE j.partition_key IS NOT NULL) AS d
-                       WHERE ((~o.taken) >> d.shard) & 1 = 1
-                       ORDER BY d.next_attempt_at, d.priority, d.id
-                       LIMIT 1) END,
-                   (floor(extract(epoch FROM c.now_at) * 1000)::bigint % 64)::integer) AS first
-    ) AS st
-),
 granted AS MATERIALIZED (
     -- J and P of the snapshot's grants, less what the grants this statement deleted had left
     -- once deleted (their final values, swept's): what their claims took after the snapshot
@@ -170,9 +104,9 @@ granted AS MATERIALIZED (
             FROM "{{table}}_grants" AS g WHERE g.queue = $1)::bigint
            - (SELECT COALESCE(sum(x.jobs_left), 0) FROM swept AS x)::bigint AS jobs,
            (SELECT COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)
-            FROM "{{table}}_grants" AS g WHERE g.queue = $1 AND g.shards IS NULL)::bigint
+            FROM "{{table}}_grants" AS g WHERE g.queue = $1)::bigint
            - (SELECT COALESCE(sum(LEAST(x.per_claim::bigint * x.claims_left, x.jobs_left)), 0)
-              FROM swept AS x WHERE x.shards IS NULL)::bigint AS partition_room
+              FROM swept AS x)::bigint AS partition_room
 ),
 logged AS MATERIALIZED (
     -- The rate's log within the window, the deleted grants' entries made final (grant_log.sql).
@@ -184,7 +118,7 @@ counts AS MATERIALIZED (
     SELECT CASE WHEN c.max_in_flight IS NOT NULL THEN (
                SELECT count(*) FROM "{{table}}" AS j
                WHERE j.queue = $1 AND j.status = 'in_flight') END AS in_flight,
-           CASE WHEN c.max_per_partition IS NOT NULL AND NOT c.owning THEN (
+           CASE WHEN c.max_per_partition IS NOT NULL THEN (
                SELECT COALESCE(max(k.n), 0)
                FROM (SELECT count(*) AS n
                      FROM "{{table}}" AS j
@@ -268,7 +202,7 @@ claims AS MATERIALIZED (
     -- partition for each (a claim of one job a partition each, then).
     -- Under a rate per partition likewise, its share of what the fullest slot leaves short
     -- of the slot cap for each.
-    SELECT LEAST(CASE WHEN c.max_per_partition IS NULL OR c.owning THEN $4::bigint
+    SELECT LEAST(CASE WHEN c.max_per_partition IS NULL THEN $4::bigint
                       ELSE GREATEST(1, LEAST($4::bigint,
                                              (c.max_per_partition - n.most - g.partition_room)
                                              / {{grant_share}}))
@@ -286,8 +220,6 @@ sized AS MATERIALIZED (
            k.k AS claims,
            -- Under a rate per partition the cap is a slot's, which caps its partitions too.
            LEAST(CASE WHEN c.max_per_partition IS NULL THEN LEAST($3::bigint, 2147483647)
-                      -- An owning grant's claims count their partitions' jobs in flight.
-                      WHEN c.owning THEN c.max_per_partition
                       ELSE LEAST($3::bigint,
                                  (c.max_per_partition - n.most - g.partition_room)
                                  / ({{grant_share}} * k.k))
@@ -298,18 +230,15 @@ sized AS MATERIALIZED (
     FROM control AS c, counts AS n, granted AS g, claims AS k, tallied AS t
 ),
 inserted AS (
-    INSERT INTO "{{table}}_grants"
-        (queue, holder, jobs_left, claims_left, per_claim, expires_at, shards)
+    INSERT INTO "{{table}}_grants" (queue, holder, jobs_left, claims_left, per_claim, expires_at)
     SELECT $1, $2, s.jobs, s.claims::integer, s.per_claim,
            -- Under a rate per partition, no later than the end of the window it is charged to.
            LEAST(c.now_at + make_interval(secs => LEAST($5::bigint, c.rate_per_ms) / 1000.0),
                  CASE WHEN t.per_ms IS NOT NULL
-                      THEN to_timestamp((t.bucket + 1) * t.per_ms / 1000.0) END),
-           h.mask
-    FROM sized AS s, control AS c, tallied AS t, owners AS o, shards AS h
+                      THEN to_timestamp((t.bucket + 1) * t.per_ms / 1000.0) END)
+    FROM sized AS s, control AS c, tallied AS t
     WHERE s.jobs >= $3::bigint AND s.per_claim >= 1 AND (t.per_ms IS NULL OR t.ok)
-      AND NOT o.other_kind AND (NOT c.owning OR ($7 AND h.mask IS NOT NULL))
-    RETURNING grant_id, jobs_left, claims_left, per_claim, expires_at, shards
+    RETURNING grant_id, jobs_left, claims_left, per_claim, expires_at
 ),
 counted AS (
     -- A grant moves the claims counter; under a rate the log is written with the deleted
@@ -366,4 +295,4 @@ pruned AS (
     WHERE s.queue = $1 AND s.claim < 0 AND t.per_ms IS NOT NULL
       AND s.at_ms <= t.now_ms - t.per_ms
 )
-SELECT grant_id, jobs_left, claims_left, per_claim, shards FROM inserted
+SELECT grant_id, jobs_left, claims_left, per_claim FROM inserted

@@ -56,12 +56,6 @@ struct Inner<D: Driver> {
     ahead: std::sync::Mutex<AheadState>,
     /// The room granted to this handle (`grant.sql`), and when it last went without.
     grants: std::sync::Mutex<GrantState>,
-    /// How many limited claims of this handle are running.
-    limited_running: std::sync::atomic::AtomicUsize,
-    /// When the handle last saw its limited claims contend: two of its own running at once,
-    /// or one under the lock that waited for another's (stale). Within [`CONTENTION_MEMORY`]
-    /// of it, the handle may take grants that own shards of the partition keys (`grant.sql`).
-    contended_at: std::sync::Mutex<Option<std::time::Instant>>,
     _listener: Option<ListenerGuard>,
 }
 
@@ -91,10 +85,6 @@ const GRANT_CLAIMS: u32 = 32;
 /// a crashed handle's room stays out of the others' reach.
 const GRANT_LIFE: Duration = Duration::from_secs(2);
 
-/// How long a handle remembers its limited claims contending (`grant.sql`'s grants that own
-/// shards are for handles whose claims contend).
-const CONTENTION_MEMORY: Duration = Duration::from_secs(30);
-
 /// How long a handle that went without a grant (none given near a limit, or its claim found
 /// nothing due and it returned the grant) claims under the lock before it asks again.
 const GRANT_PAUSE: Duration = Duration::from_millis(250);
@@ -105,8 +95,8 @@ const GRANT_PAUSE: Duration = Duration::from_millis(250);
 /// handle last went without one.
 #[derive(Debug, Default)]
 struct GrantState {
-    idle: Vec<statement::Grant>,
     /// Grant ids.
+    idle: Vec<i64>,
     spent: Vec<i64>,
     without_at: Option<std::time::Instant>,
     /// The largest batch a claim of the handle asked for: grants are sized for claims of it
@@ -279,8 +269,6 @@ impl<D: Driver> PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
-                limited_running: Default::default(),
-                contended_at: Default::default(),
                 _listener: listener,
             }),
         })
@@ -529,7 +517,6 @@ impl<D: Driver> PostgresQueue<D> {
             let mut state = self.inner.grants.lock().expect("grants lock");
             let idle = std::mem::take(&mut state.idle);
             idle.into_iter()
-                .map(|grant| grant.id)
                 .chain(std::mem::take(&mut state.spent))
                 .collect()
         };
@@ -559,10 +546,7 @@ impl<D: Driver> PostgresQueue<D> {
     /// A grant for one claim to spend: one no other claim of the handle is spending, or a new
     /// one (`grant.sql`, after the queue's row lock, deleting the grants the handle spent);
     /// `None` when the handle goes without ([`GRANT_PAUSE`] after the queue last gave none).
-    async fn take_grant(
-        &self,
-        request: &ClaimRequest,
-    ) -> Result<Option<statement::Grant>, PgError> {
+    async fn take_grant(&self, request: &ClaimRequest) -> Result<Option<i64>, PgError> {
         let now = std::time::Instant::now;
         let (spent, sized) = {
             let mut state = self.inner.grants.lock().expect("grants lock");
@@ -588,11 +572,8 @@ impl<D: Driver> PostgresQueue<D> {
                 &inner.sql,
                 queue,
                 &sized,
-                statement::GrantTerms {
-                    claims: GRANT_CLAIMS,
-                    life: GRANT_LIFE,
-                    owning: self.contended(),
-                },
+                GRANT_CLAIMS,
+                GRANT_LIFE,
                 &spent,
             )
             .await?;
@@ -616,33 +597,9 @@ impl<D: Driver> PostgresQueue<D> {
         }
     }
 
-    /// The handle's limited claims contend now (two at once, or one that waited for another's
-    /// lock).
-    fn saw_contention(&self) {
-        *self.inner.contended_at.lock().expect("contention lock") = Some(std::time::Instant::now());
-    }
-
-    /// Whether the handle saw its limited claims contend within [`CONTENTION_MEMORY`]: then it
-    /// may take grants that own shards of the partition keys (`grant.sql`'s `$7`). Claims that
-    /// never contend lose nothing to the lock, and keep the queue-wide claim order of
-    /// `queue_core::partition`.
-    fn contended(&self) -> bool {
-        self.inner
-            .contended_at
-            .lock()
-            .expect("contention lock")
-            .is_some_and(|at| at.elapsed() < CONTENTION_MEMORY)
-    }
-
-    /// A claim on room granted to the handle (`claim_granted.sql`, or `claim_owned.sql` for a
-    /// grant that owns shards of the partition keys), while the queue grants it; `None` when
-    /// the handle goes without a grant (claim under the lock then). With the batch, whether
-    /// the claim under the lock should take the rest: a grant that owns shards found less than
-    /// half the batch in them, and was returned.
-    async fn claim_on_grant(
-        &self,
-        request: &ClaimRequest,
-    ) -> Result<Option<(ClaimBatch, bool)>, PgError> {
+    /// A claim on room granted to the handle (`claim_granted.sql`), while the queue grants it;
+    /// `None` when the handle goes without a grant (claim under the lock then).
+    async fn claim_on_grant(&self, request: &ClaimRequest) -> Result<Option<ClaimBatch>, PgError> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
         // A grant gone or short of room (expired, the limits changed) is dropped and another
@@ -667,40 +624,22 @@ impl<D: Driver> PostgresQueue<D> {
                 Ok(claim) => claim,
                 Err(err) => {
                     // The claim may or may not have spent it: the grant statement deletes it.
-                    inner
-                        .grants
-                        .lock()
-                        .expect("grants lock")
-                        .spent
-                        .push(grant.id);
+                    inner.grants.lock().expect("grants lock").spent.push(grant);
                     return Err(err);
                 }
             };
             match claim {
                 statement::GrantedClaim::Claimed(jobs, left) => {
                     let idle = jobs.is_empty();
-                    // A grant that owns shards whose claim found less than half a batch there
-                    // is returned, and the claim under the lock takes the rest, in every
-                    // partition (a few partitions' jobs are due, in shards other than the
-                    // grant's); the handle claims under the lock for a while, then asks again.
-                    let owned_short = !idle
-                        && grant.shards.is_some()
-                        && jobs.len().saturating_mul(2) < request.batch_size as usize;
                     let spent = left.is_none_or(|(jobs_left, claims_left)| {
                         claims_left == 0 || jobs_left < i64::from(request.batch_size.max(1))
                     });
-                    if idle || owned_short {
-                        // Nothing due (or little, in the grant's shards): the room goes back
-                        // to the others at once while this handle idles or claims under the
-                        // lock.
-                        if self.return_grant(grant.id).await.is_err() {
+                    if idle {
+                        // Nothing due: the room goes back to the others at once while this
+                        // handle idles.
+                        if self.return_grant(grant).await.is_err() {
                             // The next grant statement deletes it.
-                            inner
-                                .grants
-                                .lock()
-                                .expect("grants lock")
-                                .spent
-                                .push(grant.id);
+                            inner.grants.lock().expect("grants lock").spent.push(grant);
                         }
                         inner.grants.lock().expect("grants lock").without_at =
                             Some(std::time::Instant::now());
@@ -709,43 +648,17 @@ impl<D: Driver> PostgresQueue<D> {
                         // deletes it (this handle's next, unless it goes without grants
                         // meanwhile: then any handle's once it expired), which, under a rate,
                         // logs the jobs its claims took (grant_log.sql).
-                        inner
-                            .grants
-                            .lock()
-                            .expect("grants lock")
-                            .spent
-                            .push(grant.id);
+                        inner.grants.lock().expect("grants lock").spent.push(grant);
                     } else {
                         inner.grants.lock().expect("grants lock").idle.push(grant);
                     }
-                    return Ok(Some((ClaimBatch { jobs }, owned_short)));
+                    return Ok(Some(ClaimBatch { jobs }));
                 }
                 statement::GrantedClaim::Over => {
                     // Gone, or kept (its room short, a takeover over its cap a slot): the next
                     // grant statement deletes it and gives back what it left.
-                    inner
-                        .grants
-                        .lock()
-                        .expect("grants lock")
-                        .spent
-                        .push(grant.id);
+                    inner.grants.lock().expect("grants lock").spent.push(grant);
                     queue_core::metrics::record_limited_claim_rerun(queue);
-                }
-                statement::GrantedClaim::Binds => {
-                    // A partition at its limit among the grant's shards: the grant goes back,
-                    // and the partitions take turns under the lock (queue_core::partition),
-                    // for a while.
-                    if self.return_grant(grant.id).await.is_err() {
-                        inner
-                            .grants
-                            .lock()
-                            .expect("grants lock")
-                            .spent
-                            .push(grant.id);
-                    }
-                    inner.grants.lock().expect("grants lock").without_at =
-                        Some(std::time::Instant::now());
-                    return Ok(Some((ClaimBatch::default(), true)));
                 }
             }
         }
@@ -814,29 +727,13 @@ impl<D: Driver> PostgresQueue<D> {
     /// folded into the partitions' logs first (`fold_starts.sql`, after the lock).
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
-        /// Counts the claim in `limited_running` while it runs (an error or a drop included).
-        struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
-        impl Drop for Running<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-        let beside = inner
-            .limited_running
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let _running = Running(&inner.limited_running);
-        if beside > 0 {
-            self.saw_contention();
-        }
         let queue = &inner.config.queue;
         let mut jobs = Vec::new();
         let mut form = self.first_limited_form();
         let mut contended = false;
         let ahead = if self.granting() {
-            match self.claim_on_grant(request).await? {
-                Some((batch, false)) => return Ok(batch),
-                Some((batch, true)) => jobs = batch.jobs,
-                None => {}
+            if let Some(batch) = self.claim_on_grant(request).await? {
+                return Ok(batch);
             }
             // The queue refuses claims ahead while it grants room (they do not count it).
             None
@@ -869,7 +766,6 @@ impl<D: Driver> PostgresQueue<D> {
                 .await?;
                 jobs.extend(claim.jobs);
                 if claim.stale {
-                    self.saw_contention();
                     queue_core::metrics::record_limited_claim_rerun(queue);
                 }
                 if claim.stale || claim.fold {
@@ -1425,8 +1321,6 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
-                limited_running: Default::default(),
-                contended_at: Default::default(),
                 _listener: None,
             }),
         }

@@ -183,19 +183,7 @@ pub(crate) fn companions_complete(facts: &TableFacts, through: Option<i64>) -> b
         && facts.has_partition_starts_table
         && facts.has_claim_starts_table
         && facts.has_grants_table
-        && GRANTS_COLUMNS
-            .iter()
-            .filter(|(_, version, _)| upto(*version))
-            .all(|(name, _, _)| facts.grants_columns.iter().any(|c| c == name))
 }
-
-/// The columns later table migrations add to `<table>_grants`, which the grant statements
-/// read: `(column, migration, what it is for)`.
-pub(crate) const GRANTS_COLUMNS: [(&str, i64, &str); 1] = [(
-    "shards",
-    20261214000001,
-    "grants that own shards of the partition keys",
-)];
 
 /// What a driver read of a table, for [`evaluate_schema`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -221,8 +209,6 @@ pub(crate) struct TableFacts {
     pub(crate) has_claim_starts_table: bool,
     /// Whether the table of room granted to queue handles (`<table>_grants`) exists.
     pub(crate) has_grants_table: bool,
-    /// The columns of that table.
-    pub(crate) grants_columns: Vec<String>,
     /// Whether `id` draws from a sequence or identity.
     pub(crate) id_has_sequence: bool,
 }
@@ -336,16 +322,6 @@ pub(crate) fn evaluate_schema(table: &TableName, facts: &TableFacts) -> Result<(
              table_migration_sql(table, 20261212000001) as a migration of your own)"
         ));
     }
-    if facts.has_grants_table {
-        for (name, version, what) in GRANTS_COLUMNS {
-            if !facts.grants_columns.iter().any(|c| c == name) {
-                missing.push(format!(
-                    "column {name} of {table}_grants ({what}, table migration {version}: \
-                     commit table_migration_sql(table, {version}) as a migration of your own)"
-                ));
-            }
-        }
-    }
     if !facts.id_has_sequence {
         missing.push("a sequence or identity default on id".to_owned());
     }
@@ -431,8 +407,7 @@ mod tests {
                 20261210000001,
                 20261211000001,
                 20261212000001,
-                20261213000001,
-                20261214000001
+                20261213000001
             ]
         );
     }
@@ -456,7 +431,6 @@ mod tests {
             has_partition_starts_table: false,
             has_claim_starts_table: false,
             has_grants_table: false,
-            grants_columns: vec![],
             id_has_sequence: true,
         };
         let text = evaluate_schema(&table, &legacy).unwrap_err().to_string();
@@ -513,11 +487,6 @@ mod tests {
             has_partition_starts_table: true,
             has_claim_starts_table: true,
             has_grants_table: true,
-            grants_columns: GRANTS_COLUMNS
-                .iter()
-                .map(|(name, _, _)| name.to_string())
-                .chain(["grant_id".to_owned(), "jobs_left".to_owned()])
-                .collect(),
             id_has_sequence: true,
         }
     }
@@ -549,18 +518,6 @@ mod tests {
                 "{text}"
             );
         }
-        // And the grants' columns: a table of grants without owned shards is named with its
-        // migration, and its companions are not complete.
-        let mut facts = complete.clone();
-        facts.grants_columns.retain(|name| name != "shards");
-        let text = evaluate_schema(&table, &facts).unwrap_err().to_string();
-        assert!(
-            text.contains("column shards of queue_jobs_grants") && text.contains("20261214000001"),
-            "{text}"
-        );
-        assert!(!companions_complete(&facts, None));
-        assert!(companions_complete(&facts, Some(20261213000001)));
-        assert!(companions_complete(&complete, None));
     }
 
     /// The triggers room grants rest on are checked once their migration's columns are there:

@@ -55,7 +55,6 @@ pub(crate) const CLAIM_TALLY_CLAIMS: Template = template!("claim_tally_claims.sq
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
 pub(crate) const GRANT: Template = template!("grant.sql");
 pub(crate) const CLAIM_GRANTED: Template = template!("claim_granted.sql");
-pub(crate) const CLAIM_OWNED: Template = template!("claim_owned.sql");
 pub(crate) const RETURN_GRANT: Template = template!("return_grant.sql");
 const GRANT_LOG: Template = template!("grant_log.sql");
 const GRANT_TALLY_BACK: Template = template!("grant_tally_back.sql");
@@ -104,7 +103,7 @@ pub(crate) const UPGRADE_LEGACY_EXTENT: Template = template!("upgrade_legacy_ext
 /// Rendered for `queue_jobs` they are the standard table's migrations (byte for byte what
 /// earlier releases applied, so their checksums hold); rendered for another name, a custom
 /// table's DDL.
-pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 14] = [
+pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 13] = [
     (
         20261130000001,
         "queue jobs",
@@ -207,14 +206,6 @@ pub(crate) const TABLE_MIGRATIONS: [(i64, &str, Template); 14] = [
         Template {
             name: "20261213000001_grant_fence.sql",
             text: include_str!("../migrations/20261213000001_grant_fence.sql"),
-        },
-    ),
-    (
-        20261214000001,
-        "owned grants",
-        Template {
-            name: "20261214000001_owned_grants.sql",
-            text: include_str!("../migrations/20261214000001_owned_grants.sql"),
         },
     ),
 ];
@@ -589,14 +580,7 @@ impl LimitedEnds {
 pub(crate) fn claim_limited(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &LIMITED_PICKS, Some(&limited_candidates(table)?))?;
     let started = key_started(table, "k.key")?;
-    let binding = for_table_with(
-        CLAIM_BINDING,
-        table,
-        &[
-            ("key_started", &started),
-            ("pick_shard", &slot_of("p.partition_key", OWNED_SHARDS)?),
-        ],
-    )?;
+    let binding = for_table_with(CLAIM_BINDING, table, &[("key_started", &started)])?;
     LimitedEnds::new(table, LimitedForm::Pick)?.claim_limited(table, &due, &binding, &picks)
 }
 
@@ -638,10 +622,9 @@ const GRANTING: &str = "(c.room_grants \
 
 /// What a statement that deletes grants returns of each (`grant_log.sql` and `grant.sql`'s
 /// sizing read it): its id, its jobs and claims left as the delete read the row (after any
-/// claim on it that held it committed: final), its per-claim share, the shards it owned, and
-/// the instant after, in
+/// claim on it that held it committed: final), its per-claim share, and the instant after, in
 /// epoch milliseconds (past every start of its claims).
-const SWEPT_RETURNING: &str = "g.grant_id, g.jobs_left, g.claims_left, g.per_claim, g.shards, \
+const SWEPT_RETURNING: &str = "g.grant_id, g.jobs_left, g.claims_left, g.per_claim, \
      extract(epoch FROM clock_timestamp())::float8 * 1000 AS at_ms, \
      extract(epoch FROM g.expires_at)::float8 * 1000 AS expires_ms";
 
@@ -713,43 +696,6 @@ pub(crate) fn claim_granted(table: &TableName) -> Result<String, PgError> {
                 "claimed_slot",
                 &slot_of("cl.partition_key", PARTITION_SLOTS)?,
             ),
-        ],
-    )
-}
-
-/// How many shards of partition keys a queue's grants that own shards divide (`grant.sql`,
-/// `claim_owned.sql`): a bit of the grants' `shards` each.
-pub(crate) const OWNED_SHARDS: u32 = 64;
-
-/// Under a `max_per_partition` below this (and no rate per partition), a queue's grants own
-/// shards of the partition keys (`grant.sql`): a share of the limit per grant is short of one
-/// job of a partition a claim there, so such a queue would claim only under its row lock.
-pub(crate) const OWNED_BELOW: u32 = 32;
-
-/// The picks of `claim_owned.sql`: its due picks and the takeovers, at most the grant's jobs
-/// left of them, and no takeover when its pick binds.
-const OWNED_PICKS: Picks<'static> = Picks {
-    due_batch: "$2",
-    batch: "LEAST($2::bigint, COALESCE((SELECT jobs_left FROM room), 0))",
-    guard: "",
-    expired_guard: "OR (SELECT binds FROM binding)",
-    claim_now: "now()",
-};
-
-/// `claim_owned.sql` for `table`: the claim on a grant that owns shards of the partition keys.
-pub(crate) fn claim_owned(table: &TableName) -> Result<String, PgError> {
-    let (_, picks) = claim_parts_among(table, &OWNED_PICKS, ALL_CANDIDATES, "")?;
-    for_table_with(
-        CLAIM_OWNED,
-        table,
-        &[
-            ("claim_picks", &picks),
-            ("over", GRANT_OVER),
-            (
-                "shard_of_scanned",
-                &slot_of("s.partition_key", OWNED_SHARDS)?,
-            ),
-            ("shard_of_held", &slot_of("j.partition_key", OWNED_SHARDS)?),
         ],
     )
 }
@@ -899,14 +845,7 @@ pub(crate) fn claim_turns(table: &TableName) -> Result<String, PgError> {
     let (_, picks) = claim_parts(table, &QUOTA_PICKS, Some(&limited_candidates(table)?))?;
     let ends = LimitedEnds::new(table, LimitedForm::Turns)?;
     let started = key_started(table, "f.partition_key")?;
-    let walk_room = for_table_with(
-        CLAIM_WALK_ROOM,
-        table,
-        &[
-            ("key_started", &started),
-            ("walk_shard", &slot_of("f.partition_key", OWNED_SHARDS)?),
-        ],
-    )?;
+    let walk_room = for_table_with(CLAIM_WALK_ROOM, table, &[("key_started", &started)])?;
     let read_ahead = LOOSE_READ_AHEAD.to_string();
     let max_visits = queue_core::partition::MAX_PARTITION_VISITS.to_string();
     for_table_with(
@@ -1019,7 +958,6 @@ pub(crate) struct Sql {
     pub(crate) lock_queue: Arc<str>,
     pub(crate) grant: Arc<str>,
     pub(crate) claim_granted: Arc<str>,
-    pub(crate) claim_owned: Arc<str>,
     pub(crate) return_grant: Arc<str>,
     pub(crate) set_room_grants: Arc<str>,
     pub(crate) fold_starts: Arc<str>,
@@ -1076,13 +1014,10 @@ impl Sql {
                     ),
                     ("tally_back", &grant_tally_back("c.tally", "c.key_per_ms")?),
                     ("due_slot", &slot_of("j.partition_key", PARTITION_SLOTS)?),
-                    ("owned_below", &OWNED_BELOW.to_string()),
-                    ("due_shard", &slot_of("j.partition_key", OWNED_SHARDS)?),
                 ],
             )?
             .into(),
             claim_granted: claim_granted(table)?.into(),
-            claim_owned: claim_owned(table)?.into(),
             return_grant: for_table_with(
                 RETURN_GRANT,
                 table,

@@ -481,19 +481,6 @@ pub(crate) async fn table_facts<D: Driver>(
         relation_exists::<D>(D::reborrow(&mut conn), &exists, &claim_starts).await?;
     let grants = format!("\"{table}_grants\"");
     let has_grants_table = relation_exists::<D>(D::reborrow(&mut conn), &exists, &grants).await?;
-    let grants_columns = if has_grants_table {
-        D::query(
-            D::reborrow(&mut conn),
-            &text(sql::TABLE_COLUMNS)?,
-            &(grants.as_str(),),
-        )
-        .await?
-        .iter()
-        .map(|row| get::<D, String>(row, "name"))
-        .collect::<Result<Vec<_>, PgError>>()?
-    } else {
-        Vec::new()
-    };
     let (controls_columns, controls_triggers) = if has_controls_table {
         let columns = D::query(
             D::reborrow(&mut conn),
@@ -524,7 +511,6 @@ pub(crate) async fn table_facts<D: Driver>(
         has_partition_starts_table,
         has_claim_starts_table,
         has_grants_table,
-        grants_columns,
         id_has_sequence,
     })
 }
@@ -835,72 +821,32 @@ fn is_refusal(err: &PgError, text: &str) -> bool {
             .is_some_and(|message| message.contains(text))
 }
 
-/// What a handle asks of `grant.sql`: how many claims, how long the grant lives, and whether
-/// it may own shards of the partition keys (the handle's claims contend).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GrantTerms {
-    pub(crate) claims: u32,
-    pub(crate) life: Duration,
-    pub(crate) owning: bool,
-}
-
-/// `grant.sql`, in the transaction of [`lock_queue`], after it: a grant of `terms` for claims
-/// of `request`'s batch, deleting the holder's `spent` grants: the grant, or `None` when none
-/// is granted.
+/// `grant.sql`, in the transaction of [`lock_queue`], after it: a grant of `claims` claims of
+/// `request`'s batch, living `life`, deleting the holder's `spent` grants: its `grant_id`, or
+/// `None` when none is granted.
 pub(crate) async fn grant<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-    terms: GrantTerms,
+    claims: u32,
+    life: Duration,
     spent: &Vec<i64>,
-) -> Result<Option<Grant>, PgError> {
-    let life_ms = i64::try_from(terms.life.as_millis()).unwrap_or(i64::MAX);
+) -> Result<Option<i64>, PgError> {
+    let life_ms = i64::try_from(life.as_millis()).unwrap_or(i64::MAX);
     let params = (
         queue.as_str(),
         request.holder.as_deref(),
         i64::from(request.batch_size.max(1)),
-        i64::from(terms.claims.max(1)),
+        i64::from(claims.max(1)),
         life_ms,
         spent,
-        terms.owning,
     );
     let rows = D::query(conn, &sql.grant, &params).await?;
     rows.first()
-        .map(|row| {
-            Ok(Grant {
-                id: get::<D, i64>(row, "grant_id")?,
-                shards: get::<D, Option<i64>>(row, "shards")?,
-            })
-        })
+        .map(|row| get::<D, i64>(row, "grant_id"))
         .transpose()
 }
-
-/// A grant of room to a queue handle (`grant.sql`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    pub(crate) id: i64,
-    /// The shards of partition keys it owns (a bit each), `None` for room in every partition.
-    pub(crate) shards: Option<i64>,
-}
-
-impl Grant {
-    /// How many due jobs a claim of `batch` on it reads in claim order (`claim_owned.sql`'s
-    /// `$9`): twice the batch's worth of its shards, so that a claim finds a batch of them
-    /// when the due jobs spread over the shards alike.
-    fn scan(&self, batch: u32) -> i64 {
-        let owned = self
-            .shards
-            .map_or(crate::sql::OWNED_SHARDS, i64::count_ones)
-            .max(1);
-        let rows =
-            2 * i64::from(batch.max(1)) * i64::from(crate::sql::OWNED_SHARDS) / i64::from(owned);
-        rows.min(OWNED_SCAN_MOST)
-    }
-}
-
-/// The most due jobs a claim on a grant that owns shards reads (`claim_owned.sql`).
-const OWNED_SCAN_MOST: i64 = 100_000;
 
 /// What a claim on a grant (`claim_granted.sql`) came to.
 #[derive(Debug)]
@@ -910,39 +856,24 @@ pub(crate) enum GrantedClaim {
     Claimed(Vec<ClaimedJob>, Option<(i64, i32)>),
     /// The grant is gone, expired, or has not the room: nothing stays.
     Over,
-    /// The grant owns shards, and its claim's pick would put a partition over its limit:
-    /// nothing taken (the partitions take turns under the lock).
-    Binds,
 }
 
-/// A claim of `request` on the grant `grant`: `claim_owned.sql` when it owns shards of the
-/// partition keys, else `claim_granted.sql`.
+/// `claim_granted.sql`: a claim of `request` on the grant `grant`.
 pub(crate) async fn claim_granted<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-    grant: Grant,
+    grant: i64,
 ) -> Result<GrantedClaim, PgError> {
     let none = Vec::new();
-    let claimed = if grant.shards.is_some() {
-        let params = Chain(
-            claim_params(queue, request, &none),
-            (grant.id, grant.scan(request.batch_size)),
-        );
-        D::query(conn, &sql.claim_owned, &params).await
-    } else {
-        let params = Chain(claim_params(queue, request, &none), (grant.id,));
-        D::query(conn, &sql.claim_granted, &params).await
-    };
-    match claimed {
+    let params = Chain(claim_params(queue, request, &none), (grant,));
+    match D::query(conn, &sql.claim_granted, &params).await {
         Ok(rows) => {
             let mut jobs = Vec::new();
             let mut left = None;
             for row in &rows {
                 match get::<D, Option<i64>>(row, "jobs_left")? {
-                    // claim_owned.sql's mark of a pick that binds.
-                    Some(-1) => return Ok(GrantedClaim::Binds),
                     Some(jobs_left) => {
                         left = Some((jobs_left, get::<D, i32>(row, "claims_left")?));
                     }

@@ -2551,62 +2551,6 @@ fn worker_processes_on_grants_never_exceed_the_partition_limit() {
     assert!(grants > 0, "no grant was made");
 }
 
-/// Room grants on, and every grant that owns shards of the partition keys recorded as made (a
-/// trigger on the grants' table), for `run_limited_workers_after`'s setup.
-const ROOM_GRANTS_ON_RECORDING_OWNERS: &str = "UPDATE queue_jobs_queues
-     SET room_grants = true, claims = claims + 1, grants_counted = NOT grants_counted
-     WHERE queue = 'default';
-     CREATE TABLE owning_grants_made (grant_id bigint, shards bigint);
-     CREATE FUNCTION record_owning_grant() RETURNS trigger LANGUAGE plpgsql AS $$
-     BEGIN
-         INSERT INTO owning_grants_made VALUES (NEW.grant_id, NEW.shards);
-         RETURN NEW;
-     END $$;
-     CREATE TRIGGER record_owning_grant AFTER INSERT ON queue_jobs_grants
-         FOR EACH ROW WHEN (NEW.shards IS NOT NULL) EXECUTE FUNCTION record_owning_grant();";
-
-/// How many grants that own shards were made, for `run_limited_workers_after`'s last read.
-const OWNING_GRANTS_MADE: &str = "SELECT count(*) FROM owning_grants_made";
-
-/// Three worker processes of eight slots each, claiming up to 100 jobs at a time (each job
-/// 5 ms of work), on a queue of twelve partitions (a hundred jobs each, due in turns) and
-/// twenty jobs without one, limited to `limit` jobs in flight per partition, its room grants on: the
-/// handles claim on grants that own shards of the partition keys (their claims count their
-/// partitions' jobs in flight from their own snapshots, without the queue's row) and under the
-/// lock for the shards no grant owns. Sampled from the database while they run, no partition
-/// ever has more than `limit` in flight, the limit binds, grants that own shards were made,
-/// and every job completes.
-fn worker_processes_on_owning_grants_keep_to(limit: i64) {
-    let limits = queue_core::QueueLimits {
-        max_per_partition: Some(u32::try_from(limit).unwrap()),
-        ..queue_core::QueueLimits::NONE
-    };
-    let mut jobs: Vec<NewJob> = (0..1200)
-        .map(|n| NewJob::from_value(json!({ "n": n })).partition_key(format!("p{}", n % 12)))
-        .collect();
-    jobs.extend((0..20).map(|n| NewJob::from_value(json!({ "loose": n }))));
-    let (most, owners) = run_limited_workers_after(
-        Some((ROOM_GRANTS_ON_RECORDING_OWNERS, OWNING_GRANTS_MADE)),
-        limits,
-        jobs,
-        (MOST_IN_FLIGHT_OF_A_PARTITION, limit),
-        (3, 8, 100, 5),
-        Hold::UntilTheLimit,
-    );
-    assert_eq!(most, limit, "the limit bound");
-    assert!(owners > 0, "no grant that owns shards was made");
-}
-
-#[test]
-fn worker_processes_on_owning_grants_never_exceed_one_job_in_flight_a_partition() {
-    worker_processes_on_owning_grants_keep_to(1);
-}
-
-#[test]
-fn worker_processes_on_owning_grants_never_exceed_two_jobs_in_flight_a_partition() {
-    worker_processes_on_owning_grants_keep_to(2);
-}
-
 /// The most jobs claimed within any second (less a millisecond: the rate's log keeps
 /// milliseconds as floating point), read from `claimed_at`, each job claimed once.
 const MOST_CLAIMS_IN_A_SECOND: &str = "SELECT COALESCE(max(n), 0) FROM (

@@ -129,7 +129,6 @@ fn the_receipt_jobs_migrations_are_what_the_framework_generates() {
         include_str!("../migrations/20260301000012_receipt_jobs_claim_slots.sql"),
         include_str!("../migrations/20260301000013_receipt_jobs_room_grants.sql"),
         include_str!("../migrations/20260301000014_receipt_jobs_grant_fence.sql"),
-        include_str!("../migrations/20260301000015_receipt_jobs_owned_grants.sql"),
     ]
     .join("\n");
     let table = TableName::new("receipt_jobs").unwrap();

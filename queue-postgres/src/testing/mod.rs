@@ -214,16 +214,9 @@ pub fn claim_granted_sql(table: &TableName) -> String {
     crate::sql::claim_granted(table).expect("the claim on a grant renders for any table")
 }
 
-/// The claim on a grant that owns shards of the partition keys, rendered for `table`:
-/// parameters as [`claim_granted_sql`]'s, then `$9` how many due jobs it reads in claim order.
-pub fn claim_owned_sql(table: &TableName) -> String {
-    crate::sql::claim_owned(table).expect("the claim on an owned grant renders for any table")
-}
-
 /// The statements that grant room to a queue handle, rendered for `table`: the lock of the
 /// queue's row (`$1` queue) and, after it in the same transaction, the grant (`$1` queue, `$2`
-/// holder, `$3` batch, `$4` claims, `$5` life in milliseconds, `$6` the grants to return, an array,
-/// `$7` whether the holder has claims running at once: a grant that owns shards needs it).
+/// holder, `$3` batch, `$4` claims, `$5` life in milliseconds, `$6` the grants to return, an array).
 pub fn grant_sql(table: &TableName) -> [String; 2] {
     let sql = crate::sql::Sql::new(table).expect("the statements render for any table");
     [sql.lock_queue.to_string(), sql.grant.to_string()]
