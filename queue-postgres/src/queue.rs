@@ -56,6 +56,8 @@ struct Inner<D: Driver> {
     ahead: std::sync::Mutex<AheadState>,
     /// The room granted to this handle (`grant.sql`), and when it last went without.
     grants: std::sync::Mutex<GrantState>,
+    /// Whether its claims under the queue's lock take the lock first.
+    lock_turns: std::sync::Mutex<LockTurns>,
     _listener: Option<ListenerGuard>,
 }
 
@@ -88,6 +90,40 @@ const GRANT_LIFE: Duration = Duration::from_secs(2);
 /// How long a handle that went without a grant (none given near a limit, or its claim found
 /// nothing due and it returned the grant) claims under the lock before it asks again.
 const GRANT_PAUSE: Duration = Duration::from_millis(250);
+
+/// How many claims of a queue with limits go straight to the lock (`lock_queue.sql`, then
+/// `claim_limited.sql` in the same transaction) after a claim by the one statement alone came
+/// back stale. Under contention most claims by the statement alone find their snapshot stale
+/// (another claim committed while they waited for the row's lock): each then waited twice and
+/// read the queue twice, its first read wasted. Three handles of eight workers under a
+/// `max_per_partition` of 2 drained at 0.533 × an unlimited queue that way and at 0.603 × when
+/// every claim went straight to the lock (docs/performance.md, "Stale claims under the lock").
+/// A claimer alone never comes back stale and keeps the statement's one round trip; after
+/// these many claims the handle tries the statement alone again.
+const LOCK_FIRST_CLAIMS: u32 = 16;
+
+/// Whether the next claims under the lock take it first ([`LOCK_FIRST_CLAIMS`]).
+#[derive(Debug, Default)]
+struct LockTurns {
+    /// Claims left that take the lock first.
+    lock_first: u32,
+}
+
+impl LockTurns {
+    /// Whether the next claim takes the lock first; counts it.
+    fn take_lock_first(&mut self) -> bool {
+        if self.lock_first == 0 {
+            return false;
+        }
+        self.lock_first -= 1;
+        true
+    }
+
+    /// A claim by the statement alone came back stale.
+    fn came_back_stale(&mut self) {
+        self.lock_first = LOCK_FIRST_CLAIMS;
+    }
+}
 
 /// The room granted to a queue handle: grants no claim is spending now (each claim running
 /// spends a grant of its own, so that claims of one handle never wait for one another's grant
@@ -269,6 +305,7 @@ impl<D: Driver> PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
+                lock_turns: Default::default(),
                 _listener: listener,
             }),
         })
@@ -667,6 +704,10 @@ impl<D: Driver> PostgresQueue<D> {
 
     /// The form a limited claim starts with: the lean one unless the queue was last seen with
     /// limits per partition (the lean form refuses a queue that has them since).
+    fn lock_turns(&self) -> std::sync::MutexGuard<'_, LockTurns> {
+        self.inner.lock_turns.lock().expect("lock turns lock")
+    }
+
     fn first_limited_form(&self) -> LimitedForm {
         let seen = self.inner.limits_seen.lock().expect("limits lock");
         if seen.partitioned {
@@ -722,8 +763,8 @@ impl<D: Driver> PostgresQueue<D> {
     /// limit (`claim_turns.sql`, for the rest of the batch). When another
     /// claim of the queue committed after a statement's snapshot (it waited for that claim's
     /// lock), its counts are stale and it claims nothing: then the lock first and the
-    /// statements after it, in one transaction, so that the counts are read after the lock.
-    /// The same path when the claims made while the rate per partition could not bind must be
+    /// statements after it, in one transaction, so that the counts are read after the lock
+    /// (and so the next [`LOCK_FIRST_CLAIMS`] claims of the handle, at once). The same path when the claims made while the rate per partition could not bind must be
     /// folded into the partitions' logs first (`fold_starts.sql`, after the lock).
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
@@ -750,7 +791,8 @@ impl<D: Driver> PostgresQueue<D> {
                 contended = true;
             }
         }
-        let fold = if contended {
+        // The handle's claims came back stale of late: the lock first, in one transaction.
+        let fold = if contended || self.lock_turns().take_lock_first() {
             false
         } else {
             let mut conn = D::acquire(&inner.pool).await?;
@@ -767,6 +809,7 @@ impl<D: Driver> PostgresQueue<D> {
                 jobs.extend(claim.jobs);
                 if claim.stale {
                     queue_core::metrics::record_limited_claim_rerun(queue);
+                    self.lock_turns().came_back_stale();
                 }
                 if claim.stale || claim.fold {
                     break claim.fold;
@@ -1321,6 +1364,7 @@ impl<D: Driver> queue_core::Admin for PostgresQueue<D> {
                 limits_seen: Default::default(),
                 ahead: Default::default(),
                 grants: Default::default(),
+                lock_turns: Default::default(),
                 _listener: None,
             }),
         }
@@ -1386,6 +1430,24 @@ impl<D: Driver> PostgresQueue<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A claim by the statement alone that came back stale sends the handle's next
+    /// [`LOCK_FIRST_CLAIMS`] claims to the lock first, then the statement alone is tried again.
+    #[test]
+    fn a_stale_claim_sends_the_next_claims_to_the_lock_first() {
+        let mut turns = LockTurns::default();
+        assert!(
+            !turns.take_lock_first(),
+            "a claimer alone: the statement alone"
+        );
+        turns.came_back_stale();
+        for _ in 0..LOCK_FIRST_CLAIMS {
+            assert!(turns.take_lock_first());
+        }
+        assert!(!turns.take_lock_first(), "then the statement alone again");
+        turns.came_back_stale();
+        assert!(turns.take_lock_first(), "stale again: the lock first again");
+    }
 
     /// A failed claim ahead doubles the margin (once per pause) and sends the claims under the
     /// lock for a while; claims ahead that take jobs and fit narrow it by one for every

@@ -3914,7 +3914,8 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
 /// does not go ahead): a claim that held the row committed meanwhile, so the handle's statement claims nothing and the handle claims again
 /// after the lock, in the same call. That counts once as a claim run again
 /// (`queue_limited_claims_rerun_total`), recorded by this thread's recorder, and the call still
-/// takes its three jobs.
+/// takes its three jobs. The handle's next claim behind a locked claim takes the lock first and
+/// is not run again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -3934,6 +3935,18 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     assert_eq!(
         reruns_of_the_default_queue(&snapshotter),
         [DebugValue::Counter(1)]
+    );
+    // The handle's next claims take the lock first: behind a locked claim again, this one
+    // waits for the row before it reads the queue, so it is not stale and runs once.
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 3);
+    assert_eq!(in_flight(&db).await, 10);
+    // A snapshot of the debugging recorder reads its counters' increments since the last one.
+    assert_eq!(
+        reruns_of_the_default_queue(&snapshotter),
+        [DebugValue::Counter(0)],
+        "the claim after a stale one took the lock first"
     );
     db.drop_db().await;
 }
