@@ -96,8 +96,8 @@ const GRANT_PAUSE: Duration = Duration::from_millis(250);
 /// back stale. Under contention most claims by the statement alone find their snapshot stale
 /// (another claim committed while they waited for the row's lock): each then waited twice and
 /// read the queue twice, its first read wasted. Three handles of eight workers under a
-/// `max_per_partition` of 2 drained at 0.533 × an unlimited queue that way and at 0.603 × when
-/// every claim went straight to the lock (docs/performance.md, "Stale claims under the lock").
+/// `max_per_partition` of 2 drained at 0.554 × an unlimited queue that way and at 0.584 × with
+/// this (docs/performance.md, "Stale claims under the lock").
 /// A claimer alone never comes back stale and keeps the statement's one round trip; after
 /// these many claims the handle tries the statement alone again.
 const LOCK_FIRST_CLAIMS: u32 = 16;
@@ -702,12 +702,12 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(None)
     }
 
-    /// The form a limited claim starts with: the lean one unless the queue was last seen with
-    /// limits per partition (the lean form refuses a queue that has them since).
     fn lock_turns(&self) -> std::sync::MutexGuard<'_, LockTurns> {
         self.inner.lock_turns.lock().expect("lock turns lock")
     }
 
+    /// The form a limited claim starts with: the lean one unless the queue was last seen with
+    /// limits per partition (the lean form refuses a queue that has them since).
     fn first_limited_form(&self) -> LimitedForm {
         let seen = self.inner.limits_seen.lock().expect("limits lock");
         if seen.partitioned {
@@ -764,8 +764,9 @@ impl<D: Driver> PostgresQueue<D> {
     /// claim of the queue committed after a statement's snapshot (it waited for that claim's
     /// lock), its counts are stale and it claims nothing: then the lock first and the
     /// statements after it, in one transaction, so that the counts are read after the lock
-    /// (and so the next [`LOCK_FIRST_CLAIMS`] claims of the handle, at once). The same path when the claims made while the rate per partition could not bind must be
-    /// folded into the partitions' logs first (`fold_starts.sql`, after the lock).
+    /// (and so the handle's next [`LOCK_FIRST_CLAIMS`] claims, at once). The same path when the
+    /// claims made while the rate per partition could not bind must be folded into the
+    /// partitions' logs first (`fold_starts.sql`, after the lock).
     async fn claim_limited(&self, request: &ClaimRequest) -> Result<ClaimBatch, PgError> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
