@@ -252,6 +252,27 @@ struct LimitsSeen {
     /// Limits per partition among them: claims start with the full form of
     /// `claim_limited.sql`, not the lean one.
     partitioned: bool,
+    /// Limits in flight only, no rate: a claim may be checked under the lock after it
+    /// ([`PostgresQueue::claim_checked`]).
+    checkable: bool,
+}
+
+/// Whether `limits` are in flight only (`max_in_flight`, `max_per_partition`; no rate), which
+/// `claim_check.sql` counts exactly after the queue's lock.
+fn checkable(limits: &QueueLimits) -> bool {
+    limits.rate.is_none()
+        && limits.rate_per_partition.is_none()
+        && (limits.max_in_flight.is_some() || limits.max_per_partition.is_some())
+}
+
+/// What a claim checked under the lock after it came to.
+enum Checked {
+    /// It fit the limits and committed (no job when none was due).
+    Claimed(ClaimBatch),
+    /// It would have put the queue over a limit: rolled back.
+    Over,
+    /// The queue's limits are no longer in flight only: rolled back.
+    NotCheckable,
 }
 
 impl<D: Driver> Clone for PostgresQueue<D> {
@@ -539,6 +560,7 @@ impl<D: Driver> PostgresQueue<D> {
             limited: !limits.is_none(),
             partitioned: limits.partitioned(),
             granting: grants_room(limits, room_grants),
+            checkable: checkable(limits),
         };
     }
 
@@ -702,6 +724,51 @@ impl<D: Driver> PostgresQueue<D> {
         Ok(None)
     }
 
+    /// A claim of a queue whose limits are in flight only, taken without waiting for the queue's
+    /// row and checked under it after (`claim_checked`, then `lock_queue.sql` and
+    /// `claim_check.sql` in the same transaction, which commits only when the claim fits):
+    /// under a small `max_per_partition` no claim goes ahead or gets a grant, and a claim under
+    /// the lock holds it for its whole pick and write, so the claims of every worker took turns
+    /// there even far from the limit. The check holds the lock for a count of the claim's
+    /// partitions alone. Its jobs are the earliest due, as a claim ahead takes them; the
+    /// partitions take turns only under the lock (the caller's next claims take it first when
+    /// this one comes back over).
+    async fn claim_checked(&self, request: &ClaimRequest) -> Result<Checked, PgError> {
+        let inner = &self.inner;
+        let queue = &inner.config.queue;
+        let mut tx = D::begin(&inner.pool).await?;
+        let jobs =
+            statement::claim_checked::<D>(D::in_tx(&mut tx), &inner.sql, queue, request).await?;
+        if jobs.is_empty() {
+            // Nothing due (or the queue paused): nothing to check.
+            D::rollback(tx).await?;
+            return Ok(Checked::Claimed(ClaimBatch { jobs }));
+        }
+        let (limits, room_grants) =
+            statement::lock_queue::<D>(D::in_tx(&mut tx), &inner.sql, queue).await?;
+        if !checkable(&limits) {
+            D::rollback(tx).await?;
+            self.saw_limits(&limits, room_grants);
+            return Ok(Checked::NotCheckable);
+        }
+        if statement::claim_check::<D>(D::in_tx(&mut tx), &inner.sql, queue, &jobs).await? {
+            D::rollback(tx).await?;
+            return Ok(Checked::Over);
+        }
+        D::commit(tx).await?;
+        self.saw_limits(&limits, room_grants);
+        Ok(Checked::Claimed(ClaimBatch { jobs }))
+    }
+
+    /// Whether the handle last saw its queue's limits in flight only.
+    fn checkable(&self) -> bool {
+        self.inner
+            .limits_seen
+            .lock()
+            .expect("limits lock")
+            .checkable
+    }
+
     fn lock_turns(&self) -> std::sync::MutexGuard<'_, LockTurns> {
         self.inner.lock_turns.lock().expect("lock turns lock")
     }
@@ -792,8 +859,21 @@ impl<D: Driver> PostgresQueue<D> {
                 contended = true;
             }
         }
-        // The handle's claims came back stale of late: the lock first, in one transaction.
-        let fold = if contended || self.lock_turns().take_lock_first() {
+        // The handle's claims came back stale or over of late: the lock first, in one
+        // transaction.
+        let mut lock_first = contended || self.lock_turns().take_lock_first();
+        if !lock_first && self.checkable() {
+            match self.claim_checked(request).await? {
+                Checked::Claimed(batch) => return Ok(batch),
+                Checked::Over => {
+                    queue_core::metrics::record_limited_claim_rerun(queue);
+                    self.lock_turns().came_back_stale();
+                    lock_first = true;
+                }
+                Checked::NotCheckable => form = self.first_limited_form(),
+            }
+        }
+        let fold = if lock_first {
             false
         } else {
             let mut conn = D::acquire(&inner.pool).await?;

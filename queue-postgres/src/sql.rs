@@ -53,6 +53,7 @@ pub(crate) const CLAIM_TALLY: Template = template!("claim_tally.sql");
 pub(crate) const CLAIM_COUNT_TALLY: Template = template!("claim_count_tally.sql");
 pub(crate) const CLAIM_TALLY_CLAIMS: Template = template!("claim_tally_claims.sql");
 pub(crate) const LOCK_QUEUE: Template = template!("lock_queue.sql");
+pub(crate) const CLAIM_CHECK: Template = template!("claim_check.sql");
 pub(crate) const GRANT: Template = template!("grant.sql");
 pub(crate) const CLAIM_GRANTED: Template = template!("claim_granted.sql");
 pub(crate) const RETURN_GRANT: Template = template!("return_grant.sql");
@@ -446,6 +447,27 @@ fn claim_parts_among(
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, &PLAIN_PICKS, None)?;
+    for_table_with(
+        CLAIM,
+        table,
+        &[("claim_due", &due), ("claim_picks", &picks)],
+    )
+}
+
+/// The picks of a claim checked under the lock after it ([`claim_checked`]): `claim.sql`'s,
+/// kept from a queue by a pause alone.
+const CHECKED_PICKS: Picks<'static> = Picks {
+    guard: "",
+    expired_guard: "",
+    ..PLAIN_PICKS
+};
+
+/// `claim.sql` for `table` with no limit applied, for a queue whose limits are in flight only:
+/// in a transaction that then takes the queue's lock (`lock_queue.sql`) and checks the claim
+/// (`claim_check.sql`), rolled back when the check finds it over. Its first line is
+/// `claim.sql`'s, so that a drain finds it running.
+pub(crate) fn claim_checked(table: &TableName) -> Result<String, PgError> {
+    let (due, picks) = claim_parts(table, &CHECKED_PICKS, None)?;
     for_table_with(
         CLAIM,
         table,
@@ -952,6 +974,8 @@ pub(crate) struct Sql {
     pub(crate) notify: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_limited: Arc<str>,
+    pub(crate) claim_checked: Arc<str>,
+    pub(crate) claim_check: Arc<str>,
     pub(crate) claim_limited_lean: Arc<str>,
     pub(crate) claim_turns: Arc<str>,
     pub(crate) claim_ahead: Arc<str>,
@@ -997,6 +1021,8 @@ impl Sql {
             notify: r(NOTIFY)?,
             claim: claim(table)?.into(),
             claim_limited: claim_limited(table)?.into(),
+            claim_checked: claim_checked(table)?.into(),
+            claim_check: for_table(CLAIM_CHECK, table)?.into(),
             claim_limited_lean: claim_limited_lean(table)?.into(),
             claim_turns: claim_turns(table)?.into(),
             claim_ahead: claim_ahead(table)?.into(),

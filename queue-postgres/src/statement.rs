@@ -156,6 +156,35 @@ pub(crate) async fn claim<D: Driver>(
     rows.iter().map(claimed_job::<D>).collect()
 }
 
+/// [`crate::sql::claim_checked`]: `claim.sql`'s picks on a queue with limits, none applied, in
+/// the transaction `conn` is in; [`claim_check`] follows, after [`lock_queue`].
+pub(crate) async fn claim_checked<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    request: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>, PgError> {
+    let none = Vec::new();
+    let params = claim_params(queue, request, &none);
+    let rows = D::query(conn, &sql.claim_checked, &params).await?;
+    rows.iter().map(claimed_job::<D>).collect()
+}
+
+/// `claim_check.sql` for the claim of `jobs`, after [`lock_queue`] in the claim's transaction:
+/// whether it puts the queue over a limit in flight (roll it back then).
+pub(crate) async fn claim_check<D: Driver>(
+    conn: D::Conn<'_>,
+    sql: &Sql,
+    queue: &QueueName,
+    jobs: &[ClaimedJob],
+) -> Result<bool, PgError> {
+    let ids: Vec<i64> = jobs.iter().map(|job| job.id.0).collect();
+    let rows = D::query(conn, &sql.claim_check, &(queue.as_str(), &ids)).await?;
+    // The statement returns one row; none (never seen) counts as over: nothing stays.
+    rows.first()
+        .map_or(Ok(true), |row| get::<D, bool>(row, "over"))
+}
+
 /// `claim.sql`'s parameters: `$7` the ids the claim must not take over.
 fn claim_params<'a>(
     queue: &'a QueueName,

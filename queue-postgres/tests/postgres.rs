@@ -3910,12 +3910,13 @@ async fn a_claim_ahead_over_the_limits_is_counted_as_run_again() {
 }
 
 /// A claim under the lock whose snapshot went stale while it waited for the queue's row (a
-/// queue whose limit of eleven in flight leaves no room for four claims of three, so the claim
-/// does not go ahead): a claim that held the row committed meanwhile, so the handle's statement claims nothing and the handle claims again
-/// after the lock, in the same call. That counts once as a claim run again
-/// (`queue_limited_claims_rerun_total`), recorded by this thread's recorder, and the call still
-/// takes its three jobs. The handle's next claim behind a locked claim takes the lock first and
-/// is not run again.
+/// queue whose limit of eleven in flight, and rate of eleven an hour, leave no room for four
+/// claims of three, so the claim does not go ahead; with a rate it is not checked after the
+/// lock either): a claim that held the row committed meanwhile, so the handle's statement
+/// claims nothing and the handle claims again after the lock, in the same call. That counts
+/// once as a claim run again (`queue_limited_claims_rerun_total`), recorded by this thread's
+/// recorder, and the call still takes its three jobs. The handle's next claim behind a locked
+/// claim takes the lock first and is not run again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -3925,6 +3926,7 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     let db = TestDb::new().await;
     let limits = queue_core::QueueLimits {
         max_in_flight: Some(11),
+        rate: Some(queue_core::RateLimit::new(11, Duration::from_secs(3600)).unwrap()),
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
@@ -3943,6 +3945,91 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
             "claims run again, up to {in_flight_after} in flight"
         );
     }
+    db.drop_db().await;
+}
+
+/// A claim of a queue whose limits are in flight only (eleven), behind a claim that holds the
+/// queue's row: the handle writes its jobs first and waits for the row only to check them
+/// (`claim_check.sql`), so the claim that committed meanwhile leaves it nothing to run again:
+/// its three jobs, five in flight, no claim run again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_checked_claim_behind_a_locked_claim_is_not_run_again() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let db = TestDb::new().await;
+    let limits = queue_core::QueueLimits {
+        max_in_flight: Some(11),
+        ..queue_core::QueueLimits::NONE
+    };
+    let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 3);
+    assert_eq!(in_flight(&db).await, 5);
+    let reruns = reruns_of_the_default_queue(&snapshotter);
+    assert!(
+        reruns.is_empty() || reruns == [DebugValue::Counter(0)],
+        "no claim run again: {reruns:?}"
+    );
+    db.drop_db().await;
+}
+
+/// The check finds a partition full: under a `max_per_partition` of two, a claim holding the
+/// queue's row put two jobs of partition `p` in flight while the handle's claim, ahead of the
+/// row, wrote the third job of `p` and two more. Once the first commits, the check counts three
+/// of `p` in flight: the handle's claim is rolled back (counted as run again) and claims again
+/// under the lock, where `p` is full: three jobs of other partitions, `p` still at two. (Without
+/// the check's count of `p`, mutated to pass, `p` ends at three.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_checked_claim_over_a_partition_is_rolled_back_and_claims_under_the_lock() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use queue_core::Admin;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let db = TestDb::new().await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
+    // Jobs 0 to 2 in p, the rest one partition each; due in that order.
+    let key = |n: usize| {
+        if n < 3 {
+            "p".to_owned()
+        } else {
+            format!("q{n}")
+        }
+    };
+    let jobs = (0..20).map(|n| NewJob::new(&n).unwrap().partition_key(key(n)));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(2),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 3);
+    let per_partition: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT partition_key, count(*) FROM queue_jobs WHERE status = 'in_flight' \
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    // Under the lock the partitions take turns (from the queue's partition cursor), so which
+    // three others is theirs to say; p stays at two, the others at one each.
+    assert_eq!(per_partition.len(), 4, "{per_partition:?}");
+    assert_eq!(per_partition[0], ("p".to_owned(), 2), "{per_partition:?}");
+    assert!(
+        per_partition[1..]
+            .iter()
+            .all(|(key, n)| key != "p" && *n == 1),
+        "{per_partition:?}"
+    );
+    assert_eq!(
+        reruns_of_the_default_queue(&snapshotter),
+        [DebugValue::Counter(1)]
+    );
     db.drop_db().await;
 }
 
