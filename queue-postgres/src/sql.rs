@@ -446,7 +446,12 @@ fn claim_parts_among(
 
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &PLAIN_PICKS, None)?;
+    claim_with(table, &PLAIN_PICKS)
+}
+
+/// `claim.sql` for `table` with `picks`.
+fn claim_with(table: &TableName, picks: &Picks<'_>) -> Result<String, PgError> {
+    let (due, picks) = claim_parts(table, picks, None)?;
     for_table_with(
         CLAIM,
         table,
@@ -467,12 +472,7 @@ const CHECKED_PICKS: Picks<'static> = Picks {
 /// (`claim_check.sql`), rolled back when the check finds it over. Its first line is
 /// `claim.sql`'s, so that a drain finds it running.
 pub(crate) fn claim_checked(table: &TableName) -> Result<String, PgError> {
-    let (due, picks) = claim_parts(table, &CHECKED_PICKS, None)?;
-    for_table_with(
-        CLAIM,
-        table,
-        &[("claim_due", &due), ("claim_picks", &picks)],
-    )
+    claim_with(table, &CHECKED_PICKS)
 }
 
 /// The picks of `claim_turns.sql`: within the quota, on limited queues too.

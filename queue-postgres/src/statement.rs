@@ -150,9 +150,19 @@ pub(crate) async fn claim<D: Driver>(
     queue: &QueueName,
     request: &ClaimRequest,
 ) -> Result<Vec<ClaimedJob>, PgError> {
+    claim_by::<D>(conn, &sql.claim, queue, request).await
+}
+
+/// A rendering of `claim.sql` (`statement`) run for `request`.
+async fn claim_by<D: Driver>(
+    conn: D::Conn<'_>,
+    statement: &str,
+    queue: &QueueName,
+    request: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>, PgError> {
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
-    let rows = D::query(conn, &sql.claim, &params).await?;
+    let rows = D::query(conn, statement, &params).await?;
     rows.iter().map(claimed_job::<D>).collect()
 }
 
@@ -164,10 +174,7 @@ pub(crate) async fn claim_checked<D: Driver>(
     queue: &QueueName,
     request: &ClaimRequest,
 ) -> Result<Vec<ClaimedJob>, PgError> {
-    let none = Vec::new();
-    let params = claim_params(queue, request, &none);
-    let rows = D::query(conn, &sql.claim_checked, &params).await?;
-    rows.iter().map(claimed_job::<D>).collect()
+    claim_by::<D>(conn, &sql.claim_checked, queue, request).await
 }
 
 /// `claim_check.sql` for the claim of `jobs`, after [`lock_queue`] in the claim's transaction:

@@ -3826,6 +3826,17 @@ async fn a_claim_of_three_behind_a_locked_claim<D: TestDriver>(
     (holder, claiming)
 }
 
+/// A claim of three through `queue` behind a claim of two that holds the queue's row, which
+/// then commits: the handle's claim takes its three.
+async fn three_claimed_behind_a_locked_claim_of_two<D: TestDriver>(
+    db: &TestDb,
+    queue: &PostgresQueue<D>,
+) {
+    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(db, queue, 2).await;
+    holder.commit().await.unwrap();
+    assert_eq!(claiming.await.unwrap(), 3);
+}
+
 /// The values `queue_limited_claims_rerun_total` took for the default queue in `snapshotter`'s
 /// recorder.
 fn reruns_of_the_default_queue(
@@ -3935,9 +3946,7 @@ async fn a_limited_claim_gone_stale_at_the_lock_is_counted_as_run_again() {
     // it is not stale and runs once. (A snapshot of the debugging recorder reads its counters'
     // increments since the last one.)
     for (in_flight_after, reruns) in [(5, 1), (10, 0)] {
-        let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
-        holder.commit().await.unwrap();
-        assert_eq!(claiming.await.unwrap(), 3);
+        three_claimed_behind_a_locked_claim_of_two(&db, &queue).await;
         assert_eq!(in_flight(&db).await, in_flight_after);
         assert_eq!(
             reruns_of_the_default_queue(&snapshotter),
@@ -3964,9 +3973,7 @@ async fn a_checked_claim_behind_a_locked_claim_is_not_run_again() {
         ..queue_core::QueueLimits::NONE
     };
     let queue = twenty_jobs_under::<queue_postgres::Sqlx>(&db, limits).await;
-    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
-    holder.commit().await.unwrap();
-    assert_eq!(claiming.await.unwrap(), 3);
+    three_claimed_behind_a_locked_claim_of_two(&db, &queue).await;
     assert_eq!(in_flight(&db).await, 5);
     let reruns = reruns_of_the_default_queue(&snapshotter);
     assert!(
@@ -4006,9 +4013,7 @@ async fn a_checked_claim_over_a_partition_is_rolled_back_and_claims_under_the_lo
         ..queue_core::QueueLimits::NONE
     };
     queue.set_limits(limits).await.unwrap();
-    let (holder, claiming) = a_claim_of_three_behind_a_locked_claim(&db, &queue, 2).await;
-    holder.commit().await.unwrap();
-    assert_eq!(claiming.await.unwrap(), 3);
+    three_claimed_behind_a_locked_claim_of_two(&db, &queue).await;
     let per_partition: Vec<(String, i64)> = sqlx::query_as(
         "SELECT partition_key, count(*) FROM queue_jobs WHERE status = 'in_flight' \
          GROUP BY 1 ORDER BY 1",
@@ -4074,6 +4079,26 @@ async fn a_claim_ahead_in_partitions_killed_while_it_waits_leaves_nothing() {
     assert_eq!(slots.len(), 128);
     assert_eq!(slots.iter().sum::<i64>(), 3);
     assert_eq!(slotted, 1);
+    db.drop_db().await;
+}
+
+/// A claim checked after the lock (`max_per_partition` 2 on twenty partitions of one job each:
+/// the room leaves no claim ahead) whose connection is killed while it waits for the queue's
+/// row, its three jobs written: the handle's claim fails (a transient error), nothing it wrote
+/// stays, and a claim after it takes three jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_claim_killed_while_it_waits_leaves_nothing() {
+    use queue_core::Admin;
+    let db = TestDb::new().await;
+    let queue = support::connect_claiming_ahead::<queue_postgres::Sqlx>(&db).await;
+    let jobs = (0..20).map(|n| NewJob::new(&n).unwrap().partition_key(format!("p{n}")));
+    queue.enqueue_many(jobs.collect()).await.unwrap();
+    let limits = queue_core::QueueLimits {
+        max_per_partition: Some(2),
+        ..queue_core::QueueLimits::NONE
+    };
+    queue.set_limits(limits).await.unwrap();
+    a_claim_ahead_killed_while_it_waits(&db, &queue).await;
     db.drop_db().await;
 }
 
