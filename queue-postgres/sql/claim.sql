@@ -33,6 +33,6 @@ WITH due AS MATERIALIZED (
 ),
 {{claim_picks}}
 SELECT id, claim_generation, claim_token, attempts, reclaims, claimed_at, next_attempt_at AS due_at, priority,
-       payload, taken_over, over_reclaim_cap, cancel_requested
+       payload, taken_over, over_reclaim_cap, cancel_requested{{claim_keys}}
 FROM claimed
 ORDER BY next_attempt_at, priority, id

@@ -737,7 +737,7 @@ impl<D: Driver> PostgresQueue<D> {
         let inner = &self.inner;
         let queue = &inner.config.queue;
         let mut tx = D::begin(&inner.pool).await?;
-        let jobs =
+        let (jobs, keys) =
             statement::claim_checked::<D>(D::in_tx(&mut tx), &inner.sql, queue, request).await?;
         if jobs.is_empty() {
             // Nothing due (or the queue paused): nothing to check.
@@ -751,7 +751,7 @@ impl<D: Driver> PostgresQueue<D> {
             self.saw_limits(&limits, room_grants);
             return Ok(Checked::NotCheckable);
         }
-        if statement::claim_check::<D>(D::in_tx(&mut tx), &inner.sql, queue, &jobs).await? {
+        if statement::claim_check::<D>(D::in_tx(&mut tx), &inner.sql, queue, &keys).await? {
             D::rollback(tx).await?;
             return Ok(Checked::Over);
         }

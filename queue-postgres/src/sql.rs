@@ -446,16 +446,22 @@ fn claim_parts_among(
 
 /// `claim.sql` for `table`, with `claim_due.sql` and `claim_picks.sql` rendered in.
 pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
-    claim_with(table, &PLAIN_PICKS)
+    claim_with(table, &PLAIN_PICKS, "")
 }
 
 /// `claim.sql` for `table` with `picks`.
-fn claim_with(table: &TableName, picks: &Picks<'_>) -> Result<String, PgError> {
+/// `claim.sql` for `table` with `picks`, its rows with `keys` after the job's columns (`""`, or
+/// `", partition_key"` for a claim that checks its partitions after).
+fn claim_with(table: &TableName, picks: &Picks<'_>, keys: &str) -> Result<String, PgError> {
     let (due, picks) = claim_parts(table, picks, None)?;
     for_table_with(
         CLAIM,
         table,
-        &[("claim_due", &due), ("claim_picks", &picks)],
+        &[
+            ("claim_due", &due),
+            ("claim_picks", &picks),
+            ("claim_keys", keys),
+        ],
     )
 }
 
@@ -470,9 +476,10 @@ const CHECKED_PICKS: Picks<'static> = Picks {
 /// `claim.sql` for `table` with no limit applied, for a queue whose limits are in flight only:
 /// in a transaction that then takes the queue's lock (`lock_queue.sql`) and checks the claim
 /// (`claim_check.sql`), rolled back when the check finds it over. Its first line is
-/// `claim.sql`'s, so that a drain finds it running.
+/// `claim.sql`'s, so that a drain finds it running; its rows carry each job's partition key,
+/// which the check counts by.
 pub(crate) fn claim_checked(table: &TableName) -> Result<String, PgError> {
-    claim_with(table, &CHECKED_PICKS)
+    claim_with(table, &CHECKED_PICKS, ", partition_key")
 }
 
 /// The picks of `claim_turns.sql`: within the quota, on limited queues too.

@@ -167,26 +167,39 @@ async fn claim_by<D: Driver>(
 }
 
 /// [`crate::sql::claim_checked`]: `claim.sql`'s picks on a queue with limits, none applied, in
-/// the transaction `conn` is in; [`claim_check`] follows, after [`lock_queue`].
+/// the transaction `conn` is in; [`claim_check`] follows, after [`lock_queue`]. Returns the jobs
+/// and their partition keys, each once.
 pub(crate) async fn claim_checked<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
     request: &ClaimRequest,
-) -> Result<Vec<ClaimedJob>, PgError> {
-    claim_by::<D>(conn, &sql.claim_checked, queue, request).await
+) -> Result<(Vec<ClaimedJob>, Vec<String>), PgError> {
+    let none = Vec::new();
+    let params = claim_params(queue, request, &none);
+    let rows = D::query(conn, &sql.claim_checked, &params).await?;
+    let jobs = rows
+        .iter()
+        .map(claimed_job::<D>)
+        .collect::<Result<_, _>>()?;
+    let mut keys = std::collections::BTreeSet::new();
+    for row in &rows {
+        if let Some(key) = get::<D, Option<String>>(row, "partition_key")? {
+            keys.insert(key);
+        }
+    }
+    Ok((jobs, keys.into_iter().collect()))
 }
 
-/// `claim_check.sql` for the claim of `jobs`, after [`lock_queue`] in the claim's transaction:
-/// whether it puts the queue over a limit in flight (roll it back then).
+/// `claim_check.sql` for a claim of jobs of the partitions `keys`, after [`lock_queue`] in the
+/// claim's transaction: whether it puts the queue over a limit in flight (roll it back then).
 pub(crate) async fn claim_check<D: Driver>(
     conn: D::Conn<'_>,
     sql: &Sql,
     queue: &QueueName,
-    jobs: &[ClaimedJob],
+    keys: &[String],
 ) -> Result<bool, PgError> {
-    let ids: Vec<i64> = jobs.iter().map(|job| job.id.0).collect();
-    let rows = D::query(conn, &sql.claim_check, &(queue.as_str(), &ids)).await?;
+    let rows = D::query(conn, &sql.claim_check, &(queue.as_str(), keys)).await?;
     // The statement returns one row; none (never seen) counts as over: nothing stays.
     rows.first()
         .map_or(Ok(true), |row| get::<D, bool>(row, "over"))
