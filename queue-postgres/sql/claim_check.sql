@@ -39,9 +39,11 @@ keys AS MATERIALIZED (
 -- One read of the queue's in-flight rows (an in-flight partial index) counted by key, then
 -- joined with the claim's keys: a filter by those keys inside let the planner read the
 -- in-flight rows once per key (about 15 ms a claim instead of 2). The keys group and join
--- bytewise (COLLATE "C": equality is the same under every deterministic collation): the
--- planner sorts the in-flight rows to group them, and a sort by the database's collation was
--- a third of the check.
+-- bytewise (COLLATE "C": equality is the same under every deterministic collation, and the
+-- table's partition_key has the database's, which is deterministic; a column altered to a
+-- nondeterministic collation would count here apart keys the other statements count as one):
+-- the planner sorts the in-flight rows to group them, and a sort by the database's collation
+-- was a third of the check.
 held AS MATERIALIZED (
     SELECT j.partition_key COLLATE "C" AS key, count(*) AS jobs
     FROM "{{table}}" AS j

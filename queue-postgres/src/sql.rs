@@ -449,7 +449,6 @@ pub(crate) fn claim(table: &TableName) -> Result<String, PgError> {
     claim_with(table, &PLAIN_PICKS, "")
 }
 
-/// `claim.sql` for `table` with `picks`.
 /// `claim.sql` for `table` with `picks`, its rows with `keys` after the job's columns (`""`, or
 /// `", partition_key"` for a claim that checks its partitions after).
 fn claim_with(table: &TableName, picks: &Picks<'_>, keys: &str) -> Result<String, PgError> {
