@@ -24,9 +24,11 @@ WITH counted AS (
     WHERE c.queue = $1
     RETURNING c.max_in_flight, c.max_per_partition
 ),
+-- The sums as bigint: compared as numeric (what sum of bigint gives), the filter on every
+-- partition's count cost a fifth of the check.
 granted AS (
-    SELECT COALESCE(sum(g.jobs_left), 0) AS jobs,
-           COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)
+    SELECT COALESCE(sum(g.jobs_left), 0)::bigint AS jobs,
+           COALESCE(sum(LEAST(g.per_claim::bigint * g.claims_left, g.jobs_left)), 0)::bigint
                AS per_partition
     FROM "{{table}}_grants" AS g
     WHERE g.queue = $1
@@ -43,19 +45,19 @@ keys AS MATERIALIZED (
 -- table's partition_key has the database's, which is deterministic; a column altered to a
 -- nondeterministic collation would count here apart keys the other statements count as one):
 -- the planner sorts the in-flight rows to group them, and a sort by the database's collation
--- was a third of the check.
-held AS MATERIALIZED (
-    SELECT j.partition_key COLLATE "C" AS key, count(*) AS jobs
+-- was a third of the check. Only the partitions over the limit, the grants' room per
+-- partition counted, are kept (HAVING): none, as a rule.
+over_keys AS MATERIALIZED (
+    SELECT j.partition_key COLLATE "C" AS key
     FROM "{{table}}" AS j
     WHERE j.queue = $1 AND j.status = 'in_flight' AND j.partition_key IS NOT NULL
       AND (SELECT max_per_partition FROM counted) IS NOT NULL
     GROUP BY 1
+    HAVING count(*) + (SELECT per_partition FROM granted) > (SELECT max_per_partition FROM counted)
 )
 SELECT COALESCE(
            (SELECT max_in_flight FROM counted) IS NOT NULL
            AND (SELECT count(*) FROM "{{table}}" AS j
                 WHERE j.queue = $1 AND j.status = 'in_flight')
                + (SELECT jobs FROM granted) > (SELECT max_in_flight FROM counted), false)
-       OR EXISTS (SELECT 1 FROM held AS h JOIN keys AS k ON k.key = h.key
-                  WHERE h.jobs + (SELECT per_partition FROM granted)
-                        > (SELECT max_per_partition FROM counted)) AS over
+       OR EXISTS (SELECT 1 FROM over_keys AS h JOIN keys AS k ON k.key = h.key) AS over
