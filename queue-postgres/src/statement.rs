@@ -150,20 +150,20 @@ pub(crate) async fn claim<D: Driver>(
     queue: &QueueName,
     request: &ClaimRequest,
 ) -> Result<Vec<ClaimedJob>, PgError> {
-    claim_by::<D>(conn, &sql.claim, queue, request).await
+    let rows = claim_rows::<D>(conn, &sql.claim, queue, request).await?;
+    rows.iter().map(claimed_job::<D>).collect()
 }
 
-/// A rendering of `claim.sql` (`statement`) run for `request`.
-async fn claim_by<D: Driver>(
+/// The rows of a rendering of `claim.sql` (`statement`) run for `request`.
+async fn claim_rows<D: Driver>(
     conn: D::Conn<'_>,
     statement: &str,
     queue: &QueueName,
     request: &ClaimRequest,
-) -> Result<Vec<ClaimedJob>, PgError> {
+) -> Result<Vec<D::Row>, PgError> {
     let none = Vec::new();
     let params = claim_params(queue, request, &none);
-    let rows = D::query(conn, statement, &params).await?;
-    rows.iter().map(claimed_job::<D>).collect()
+    D::query(conn, statement, &params).await
 }
 
 /// [`crate::sql::claim_checked`]: `claim.sql`'s picks on a queue with limits, none applied, in
@@ -175,9 +175,7 @@ pub(crate) async fn claim_checked<D: Driver>(
     queue: &QueueName,
     request: &ClaimRequest,
 ) -> Result<(Vec<ClaimedJob>, Vec<String>), PgError> {
-    let none = Vec::new();
-    let params = claim_params(queue, request, &none);
-    let rows = D::query(conn, &sql.claim_checked, &params).await?;
+    let rows = claim_rows::<D>(conn, &sql.claim_checked, queue, request).await?;
     let jobs = rows
         .iter()
         .map(claimed_job::<D>)
